@@ -1,0 +1,1 @@
+"""The vkgate control plane: keys, providers, routing, budgets, the change feed and audit log."""

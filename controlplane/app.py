@@ -1,0 +1,112 @@
+"""The control plane's Litestar application: wiring only."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Litestar, MediaType, Response, Router, get
+from litestar.config.app import AppConfig
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.types import ControllerRouterHandler
+from sqlalchemy import text
+
+import vkgate
+from controlplane.auth import require_admin_token
+from controlplane.budgets.routes import BudgetController
+from controlplane.db import Database, create_engine
+from controlplane.errors import EXCEPTION_HANDLERS
+from controlplane.feed.service import FeedNotifier
+from controlplane.internal.routes import internal_router
+from controlplane.keys.routes import VirtualKeyController
+from controlplane.metrics import Metrics
+from controlplane.orgs.routes import OrganizationController, ProjectController, TeamController
+from controlplane.policies.routes import RoutingPolicyController
+from controlplane.providers.routes import ProviderController
+from controlplane.schemas import DEPENDENCIES, Vk
+from controlplane.security import Cipher, Hasher
+from controlplane.settings import ControlPlaneSettings
+from controlplane.state import AppState
+from controlplane.tokens.routes import AdminTokenController, audit_log
+from vkgate.clock import Clock, SystemClock
+
+log = logging.getLogger("vkgate.controlplane")
+
+ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
+    OrganizationController,
+    TeamController,
+    ProjectController,
+    ProviderController,
+    RoutingPolicyController,
+    VirtualKeyController,
+    BudgetController,
+    AdminTokenController,
+    audit_log,
+]
+
+
+@get("/healthz", include_in_schema=False)
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@get("/readyz", include_in_schema=False)
+async def readyz(vk: Vk) -> Response[dict[str, str]]:
+    try:
+        async with vk.read() as tx:
+            await tx.session.execute(text("SELECT 1"))
+    except Exception:  # any failure to reach the database means not ready
+        log.warning("readiness check: database unreachable")
+        return Response({"status": "database unreachable"}, status_code=503)
+    return Response({"status": "ok"})
+
+
+@get("/metrics", include_in_schema=False, media_type=MediaType.TEXT)
+async def metrics(vk: Vk) -> bytes:
+    return vk.metrics.render()
+
+
+def create_app(
+    settings: ControlPlaneSettings,
+    *,
+    clock: Clock | None = None,
+    database: Database | None = None,
+) -> Litestar:
+    db = database or Database(create_engine(settings.database_url))
+    state = AppState(
+        settings=settings,
+        db=db,
+        clock=clock or SystemClock(),
+        cipher=Cipher(settings.encryption_key),
+        hasher=Hasher(settings.key_pepper),
+        notifier=FeedNotifier(),
+        metrics=Metrics(),
+    )
+
+    async def close_database() -> None:
+        if database is None:
+            await db.close()
+
+    admin = Router(path="/", route_handlers=ADMIN_CONTROLLERS, guards=[require_admin_token])
+    return Litestar(
+        route_handlers=[admin, internal_router, healthz, readyz, metrics],
+        dependencies=DEPENDENCIES,
+        exception_handlers=EXCEPTION_HANDLERS,
+        state=State({"vk": state}),
+        on_shutdown=[close_database],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="vkgate control plane",
+            version=vkgate.__version__,
+            path="/schema",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        on_app_init=[_quiet],
+    )
+
+
+def _quiet(config: AppConfig) -> AppConfig:
+    # Litestar's own request logging would print request lines with query strings; ours does not.
+    config.logging_config = None
+    return config

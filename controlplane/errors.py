@@ -1,0 +1,134 @@
+"""The control plane's one error tree, and its renderer into `{"error": {...}}`."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from sqlalchemy.exc import IntegrityError
+
+from vkgate.errors import ERRORS, ErrorCode
+from vkgate.wire import ErrorBody, ErrorDetail
+
+log = logging.getLogger("vkgate.controlplane")
+
+
+class ApiError(Exception):
+    """An answer that is not a success; status and `type` come from the code's table row."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+def not_found(kind: str, ident: str, *, param: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.NOT_FOUND, f"{kind} {ident!r} not found", param=param)
+
+
+def conflict(message: str, *, param: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.CONFLICT, message, param=param)
+
+
+def invalid(message: str, *, param: str | None = None) -> ApiError:
+    return ApiError(ErrorCode.VALIDATION_ERROR, message, param=param)
+
+
+def render(error: ApiError) -> Response[bytes]:
+    kind = ERRORS[error.code]
+    body = ErrorBody(
+        ErrorDetail(
+            message=error.message, type=kind.openai_type, code=error.code, param=error.param
+        )
+    )
+    return Response(
+        msgspec.json.encode(body),
+        status_code=kind.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
+
+
+def _on_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    return render(exc)
+
+
+_BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
+    """Litestar's body and query validation, re-told with the offending field as `param`."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    if not extra:
+        return render(ApiError(ErrorCode.INVALID_REQUEST, f"malformed JSON body: {exc.detail}"))
+    first = extra[0] if isinstance(extra[0], dict) else {}
+    message = str(first.get("message", exc.detail))
+    key = str(first.get("key", "")) or None
+    if key == "data":
+        key = None
+    named = _BACKTICKED.search(message)
+    if ("unknown field" in message or "missing required field" in message) and named:
+        key = f"{key}.{named.group(1)}" if key else named.group(1)
+    where = f" (at {key})" if key else ""
+    return render(ApiError(ErrorCode.VALIDATION_ERROR, f"{message}{where}", param=key))
+
+
+_STATUS_CODES = {
+    401: ErrorCode.UNAUTHORIZED,
+    403: ErrorCode.FORBIDDEN,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+}
+
+
+def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    code = _STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+    if exc.status_code >= 500:
+        code = ErrorCode.INTERNAL_ERROR
+    message = exc.detail
+    if exc.status_code == 400:
+        message = f"malformed request: {exc.detail}"
+    if code is ErrorCode.PAYLOAD_TOO_LARGE:
+        message = "request body is larger than VKGATE_CONTROLPLANE_MAX_BODY_BYTES"
+    return render(ApiError(code, message))
+
+
+def _on_integrity(_: Request[Any, Any, Any], exc: IntegrityError) -> Response[bytes]:
+    # Services check uniqueness first; this is the race where two writers pass that check.
+    log.info("integrity conflict: %s", type(exc.orig).__name__)
+    return render(conflict("the change conflicts with an existing resource"))
+
+
+def _on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error", exc_info=exc)
+    return Response(
+        msgspec.json.encode(
+            ErrorBody(ErrorDetail("internal error", "api_error", ErrorCode.INTERNAL_ERROR))
+        ),
+        status_code=HTTP_500_INTERNAL_SERVER_ERROR,
+        media_type="application/json",
+    )
+
+
+EXCEPTION_HANDLERS: dict[type[Exception] | int, Any] = {
+    ApiError: _on_api_error,
+    ValidationException: _on_validation,
+    HTTPException: _on_http,
+    IntegrityError: _on_integrity,
+    Exception: _on_unexpected,
+}

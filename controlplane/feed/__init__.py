@@ -1,0 +1,1 @@
+"""The change feed: every mutation appends an event in its own transaction; proxies long-poll."""

@@ -1,0 +1,1 @@
+"""The internal API the proxies call: resolve-key, config bundles, the change feed, health."""

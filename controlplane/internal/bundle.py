@@ -1,0 +1,133 @@
+"""Materialising a key's config bundle: everything a proxy needs to serve it, in one answer."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import msgspec
+from sqlalchemy import and_, or_, select
+
+from controlplane.errors import ApiError
+from controlplane.keys.service import KeyStatus
+from controlplane.models import Budget, Project, Provider, RoutingTarget, VirtualKey
+from controlplane.providers.service import open_api_key, open_headers
+from controlplane.security import Cipher
+from controlplane.state import Tx
+from vkgate.clock import rfc3339
+from vkgate.errors import ErrorCode
+from vkgate.money import nanos_to_usd
+from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
+
+REFUSED = {
+    KeyStatus.REVOKED: (ErrorCode.VIRTUAL_KEY_REVOKED, "virtual key is revoked"),
+    KeyStatus.DISABLED: (ErrorCode.VIRTUAL_KEY_DISABLED, "virtual key is disabled"),
+}
+
+
+def refuse_if_unusable(key: VirtualKey, now: datetime) -> None:
+    """403 for a revoked or disabled key, 401 for an expired one."""
+    refused = REFUSED.get(KeyStatus(key.status))
+    if refused is not None:
+        raise ApiError(*refused)
+    if key.expires_at is not None and key.expires_at <= now:
+        raise ApiError(ErrorCode.VIRTUAL_KEY_EXPIRED, "virtual key has expired")
+
+
+def window_bounds(window: str, now: datetime) -> tuple[datetime | None, datetime | None]:
+    """The current calendar window (UTC) of a budget; `total` has none."""
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if window == "day":
+        return day, day + timedelta(days=1)
+    if window == "week":
+        start = day - timedelta(days=day.weekday())
+        return start, start + timedelta(days=7)
+    if window == "month":
+        start = day.replace(day=1)
+        following = (start + timedelta(days=32)).replace(day=1)
+        return start, following
+    return None, None
+
+
+async def build(tx: Tx, cipher: Cipher, vk_id: str) -> ConfigBundle:
+    key = await tx.session.get(VirtualKey, vk_id)
+    if key is None:
+        raise ApiError(ErrorCode.NOT_FOUND, f"virtual key {vk_id!r} not found")
+    now = tx.clock.now()
+    refuse_if_unusable(key, now)
+    project = await tx.get(Project, key.project_id, "project")
+    return ConfigBundle(
+        vk_id=key.id,
+        organization_id=key.organization_id,
+        project_id=key.project_id,
+        team_id=project.team_id,
+        status=key.status,
+        revision=key.revision,
+        limits=msgspec.convert(key.limits, Limits),
+        allowed_models=key.allowed_models,
+        aliases=await _chains(tx, cipher, key.routing_policy_id),
+        budgets=await _budgets(tx, key, project, now),
+        expires_at=rfc3339(key.expires_at) if key.expires_at else None,
+        metadata=dict(key.metadata_),
+    )
+
+
+async def _chains(tx: Tx, cipher: Cipher, policy_id: str | None) -> dict[str, list[ChainTarget]]:
+    if policy_id is None:
+        return {}
+    rows = await tx.session.execute(
+        select(RoutingTarget, Provider)
+        .join(Provider, Provider.id == RoutingTarget.provider_id)
+        .where(RoutingTarget.policy_id == policy_id)
+        .order_by(RoutingTarget.alias, RoutingTarget.position)
+    )
+    chains: dict[str, list[ChainTarget]] = {}
+    for target, provider in rows:
+        price = provider.price_overrides.get(target.model)
+        chains.setdefault(target.alias, []).append(
+            ChainTarget(
+                provider_id=provider.id,
+                provider_name=provider.name,
+                kind=provider.kind,
+                base_url=provider.base_url,
+                model=target.model,
+                api_key=open_api_key(cipher, provider),
+                api_version=provider.api_version,
+                headers=open_headers(cipher, provider),
+                price=msgspec.convert(price, Price) if price else None,
+            )
+        )
+    return chains
+
+
+async def _budgets(tx: Tx, key: VirtualKey, project: Project, now: datetime) -> list[BudgetState]:
+    scopes = [
+        Budget.scope_kind == "organization",
+        and_(Budget.scope_kind == "project", Budget.scope_id == project.id),
+        and_(Budget.scope_kind == "virtual_key", Budget.scope_id == key.id),
+        Budget.scope_kind == "end_user",
+    ]
+    if project.team_id is not None:
+        scopes.append(and_(Budget.scope_kind == "team", Budget.scope_id == project.team_id))
+    rows = await tx.session.scalars(
+        select(Budget)
+        .where(Budget.organization_id == key.organization_id, or_(*scopes))
+        .order_by(Budget.id)
+    )
+    states = []
+    for row in rows:
+        start, end = window_bounds(row.window, now)
+        states.append(
+            BudgetState(
+                budget_id=row.id,
+                name=row.name,
+                scope_kind=row.scope_kind,
+                scope_id=row.scope_id,
+                window=row.window,
+                limit_usd=nanos_to_usd(row.limit_nano_usd),
+                on_breach=row.on_breach,
+                provider_id=row.provider_id,
+                window_start=rfc3339(start) if start else None,
+                window_end=rfc3339(end) if end else None,
+            )
+        )
+    return states

@@ -1,0 +1,126 @@
+"""Internal API routes (`/api/internal/gateway/`), all behind the signature guard."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, Router, get, post
+from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT, HTTP_304_NOT_MODIFIED
+
+import vkgate
+from controlplane.errors import invalid
+from controlplane.feed import service as feed
+from controlplane.internal import bundle
+from controlplane.internal.resolve import resolve
+from controlplane.internal.signature import require_signature
+from controlplane.schemas import Vk
+from vkgate.clock import rfc3339
+from vkgate.wire import (
+    CHANGES_DEFAULT_TIMEOUT_S,
+    CHANGES_MAX_EVENTS,
+    CHANGES_MAX_TIMEOUT_S,
+    INTERNAL_PREFIX,
+    REVISION_HEADER,
+    ChangeEvent,
+    ChangesResponse,
+    EventKind,
+    HealthResponse,
+    ResolveKeyRequest,
+    ResolveKeyResponse,
+)
+
+JSON = "application/json"
+
+
+@post("/resolve-key", status_code=HTTP_200_OK)
+async def resolve_key(data: ResolveKeyRequest, vk: Vk) -> ResolveKeyResponse:
+    async with vk.read() as tx:
+        return await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+
+
+@get("/config/{vk_id:str}")
+async def config(vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
+    async with vk.read() as tx:
+        body = msgspec.json.encode(await bundle.build(tx, vk.cipher, vk_id))
+    # Keyed, so a tag reveals nothing about the credentials inside the bundle.
+    digest = hmac.new(vk.settings.internal_secret.encode(), body, hashlib.sha256).hexdigest()
+    etag = f'"{digest[:32]}"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+    return Response(body, media_type=JSON, headers={"ETag": etag, "Cache-Control": "no-store"})
+
+
+@get("/changes")
+async def changes(
+    vk: Vk,
+    since: int = 0,
+    organization_id: str | None = None,
+    timeout_s: float = CHANGES_DEFAULT_TIMEOUT_S,
+) -> Response[bytes]:
+    """Events after `since`, or 204 once `timeout_s` passes with none.
+
+    A commit in this process wakes the wait at once; the periodic re-read catches writes made
+    through another control-plane replica. No database connection is held while waiting.
+    """
+    if since < 0:
+        raise invalid("since must be 0 or more", param="since")
+    if timeout_s < 0:
+        raise invalid("timeout_s must be 0 or more", param="timeout_s")
+    timeout_s = min(timeout_s, CHANGES_MAX_TIMEOUT_S)
+    deadline = vk.clock.monotonic() + timeout_s
+    while True:
+        async with vk.read() as tx:
+            # The counter first: every event up to it has committed (see feed.append).
+            current = await feed.current_revision(tx.session)
+            rows = await feed.read(
+                tx.session,
+                since=since,
+                up_to=current,
+                organization_id=organization_id,
+                limit=CHANGES_MAX_EVENTS,
+            )
+        # `since` ahead of the feed means the store was reset: answer now so the caller resyncs.
+        if rows or since > current:
+            complete_to = rows[-1].revision if len(rows) == CHANGES_MAX_EVENTS else current
+            events = [
+                ChangeEvent(
+                    revision=r.revision,
+                    kind=EventKind(r.kind),
+                    organization_id=r.organization_id,
+                    entity_kind=r.entity_kind,
+                    entity_id=r.entity_id,
+                    at=rfc3339(r.at),
+                    vk_id=r.vk_id,
+                )
+                for r in rows
+            ]
+            return Response(
+                msgspec.json.encode(ChangesResponse(events=events, current_revision=complete_to)),
+                media_type=JSON,
+            )
+        remaining = deadline - vk.clock.monotonic()
+        if remaining <= 0:
+            return Response(
+                b"", status_code=HTTP_204_NO_CONTENT, headers={REVISION_HEADER: str(current)}
+            )
+        await vk.notifier.wait(min(remaining, vk.settings.feed_poll_interval_s))
+
+
+@get("/health")
+async def health(vk: Vk) -> HealthResponse:
+    async with vk.read() as tx:
+        revision = await feed.current_revision(tx.session)
+    return HealthResponse(
+        status="ok", revision=revision, time=rfc3339(vk.clock.now()), version=vkgate.__version__
+    )
+
+
+internal_router = Router(
+    path=INTERNAL_PREFIX,
+    route_handlers=[resolve_key, config, changes, health],
+    guards=[require_signature],
+    include_in_schema=False,
+)

@@ -1,0 +1,53 @@
+"""Guard: every internal API request is HMAC-signed and fresh, or it gets 401 and is counted."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from controlplane.errors import ApiError
+from controlplane.state import AppState
+from vkgate import signing
+from vkgate.errors import ErrorCode
+
+log = logging.getLogger("vkgate.controlplane.internal")
+
+
+def path_and_query(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    scope = connection.scope
+    raw = scope.get("raw_path")
+    # Some servers leave the query on raw_path; the ASGI spec says it has none.
+    path = raw.decode("latin-1").partition("?")[0] if raw else scope["path"]
+    query = scope.get("query_string", b"")
+    return f"{path}?{query.decode('latin-1')}" if query else path
+
+
+async def require_signature(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
+    state: AppState = connection.app.state["vk"]
+    request = cast(Request[Any, Any, Any], connection)
+    body = await request.body()
+    problem = signing.verify(
+        state.settings.internal_secret,
+        request.method,
+        path_and_query(connection),
+        body,
+        connection.headers.get(signing.TIMESTAMP_HEADER),
+        connection.headers.get(signing.SIGNATURE_HEADER),
+        state.clock.now().timestamp(),
+    )
+    if problem is None:
+        return
+    state.metrics.internal_auth_failures.labels(problem.value).inc()
+    log.warning(
+        "internal API request refused: %s signature on %s %s",
+        problem.value,
+        request.method,
+        connection.scope["path"],
+    )
+    raise ApiError(ErrorCode.BAD_SIGNATURE, f"internal API signature refused: {problem.value}")

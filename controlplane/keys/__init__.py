@@ -1,0 +1,1 @@
+"""Virtual keys: issue, rotate with a grace period, revoke, disable and enable."""

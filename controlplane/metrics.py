@@ -1,0 +1,24 @@
+"""Prometheus metrics of the control plane, on a registry of its own (one per app instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.internal_auth_failures = Counter(
+            "vkgate_controlplane_internal_auth_failures",
+            "Internal API requests refused for their signature, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.admin_auth_failures = Counter(
+            "vkgate_controlplane_admin_auth_failures",
+            "Admin API requests refused for their token",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,207 @@
+"""The control plane's relational schema (SQLAlchemy 2 declarative); Alembic migrates it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from controlplane.db import UTCDateTime
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+Id = String(40)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[str]: JSON()}
+
+
+class Organization(Base):
+    __tablename__ = "organizations"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[datetime]
+
+
+class Team(Base):
+    __tablename__ = "teams"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+
+
+class Provider(Base):
+    __tablename__ = "providers"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))
+    base_url: Mapped[str | None] = mapped_column(String(2000))
+    api_version: Mapped[str | None] = mapped_column(String(64))
+    # AES-GCM ciphertexts; the plaintext exists only in memory, on its way to a proxy.
+    api_key_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
+    headers_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
+    header_names: Mapped[list[str]]
+    price_overrides: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class RoutingPolicy(Base):
+    __tablename__ = "routing_policies"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class RoutingTarget(Base):
+    """One step of an alias's fallback chain; the foreign key keeps a used provider from vanishing."""
+
+    __tablename__ = "routing_targets"
+    __table_args__ = (UniqueConstraint("policy_id", "alias", "position"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy_id: Mapped[str] = mapped_column(
+        ForeignKey("routing_policies.id", ondelete="CASCADE"), index=True
+    )
+    alias: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int]
+    provider_id: Mapped[str] = mapped_column(
+        ForeignKey("providers.id", ondelete="RESTRICT"), index=True
+    )
+    model: Mapped[str] = mapped_column(String(200))
+
+
+class VirtualKey(Base):
+    __tablename__ = "virtual_keys"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # Null only for a revoked key whose policy was deleted afterwards.
+    routing_policy_id: Mapped[str | None] = mapped_column(
+        ForeignKey("routing_policies.id"), index=True
+    )
+    allowed_models: Mapped[list[str] | None]
+    limits: Mapped[dict[str, Any]]
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata")
+    status: Mapped[str] = mapped_column(String(16))
+    expires_at: Mapped[datetime | None]
+    revision: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class VirtualKeySecret(Base):
+    """A key's secret, stored only as HMAC(pepper, sha256(key)); rotation adds one."""
+
+    __tablename__ = "virtual_key_secrets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    vk_id: Mapped[str] = mapped_column(
+        ForeignKey("virtual_keys.id", ondelete="CASCADE"), index=True
+    )
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    valid_until: Mapped[datetime | None]
+    """Set when rotated out: the end of the grace period."""
+
+
+class Budget(Base):
+    __tablename__ = "budgets"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str | None] = mapped_column(String(200))
+    window: Mapped[str] = mapped_column(String(8))
+    limit_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    provider_id: Mapped[str | None] = mapped_column(
+        ForeignKey("providers.id", ondelete="RESTRICT"), index=True
+    )
+    on_breach: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class AdminToken(Base):
+    __tablename__ = "admin_tokens"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_org_id", "organization_id", "id"),)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    at: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(200))
+    """The admin token's id (or `env` for VKGATE_ADMIN_TOKEN): never the token."""
+    action: Mapped[str] = mapped_column(String(64))
+    resource_kind: Mapped[str] = mapped_column(String(32))
+    resource_id: Mapped[str] = mapped_column(String(64))
+    organization_id: Mapped[str | None] = mapped_column(String(40))
+    details: Mapped[dict[str, Any]]
+
+
+class ChangeEvent(Base):
+    __tablename__ = "change_feed"
+    revision: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(40))
+    organization_id: Mapped[str] = mapped_column(String(40), index=True)
+    entity_kind: Mapped[str] = mapped_column(String(32))
+    entity_id: Mapped[str] = mapped_column(String(40))
+    vk_id: Mapped[str | None] = mapped_column(String(40))
+    at: Mapped[datetime]
+
+
+class FeedCounter(Base):
+    """One row; `UPDATE … RETURNING` on it both numbers events and serialises their commits,
+    so a poller that has seen revision N can never later miss an event numbered below N."""
+
+    __tablename__ = "feed_counter"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    revision: Mapped[int] = mapped_column(BigInteger)

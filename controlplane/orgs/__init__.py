@@ -1,0 +1,1 @@
+"""Organizations, teams and projects: who owns keys and spend."""

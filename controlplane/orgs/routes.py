@@ -1,0 +1,146 @@
+"""Admin routes for organizations, teams and projects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from sqlalchemy import select
+
+from controlplane.models import Organization, Project, Team
+from controlplane.orgs import service
+from controlplane.orgs.schemas import (
+    OrganizationCreate,
+    OrganizationRead,
+    ProjectCreate,
+    ProjectRead,
+    TeamCreate,
+    TeamRead,
+)
+from controlplane.schemas import Page, Vk, actor_id, page
+from vkgate.clock import rfc3339
+
+
+def organization_read(row: Organization) -> OrganizationRead:
+    return OrganizationRead(id=row.id, name=row.name, created_at=rfc3339(row.created_at))
+
+
+def team_read(row: Team) -> TeamRead:
+    return TeamRead(
+        id=row.id,
+        organization_id=row.organization_id,
+        name=row.name,
+        created_at=rfc3339(row.created_at),
+    )
+
+
+def project_read(row: Project) -> ProjectRead:
+    return ProjectRead(
+        id=row.id,
+        organization_id=row.organization_id,
+        team_id=row.team_id,
+        name=row.name,
+        created_at=rfc3339(row.created_at),
+    )
+
+
+class OrganizationController(Controller):
+    path = "/api/admin/organizations"
+    tags = ["organizations"]
+
+    @post("/")
+    async def create(
+        self, data: OrganizationCreate, vk: Vk, request: Request[Any, Any, Any]
+    ) -> OrganizationRead:
+        async with vk.write(actor_id(request)) as tx:
+            row = await service.create_organization(tx, name=data.name)
+        return organization_read(row)
+
+    @get("/")
+    async def list_all(
+        self, vk: Vk, limit: int | None = None, cursor: str | None = None
+    ) -> Page[OrganizationRead]:
+        async with vk.read() as tx:
+            rows, next_cursor = await page(
+                tx, select(Organization), Organization.id, limit=limit, cursor=cursor
+            )
+        return Page([organization_read(r) for r in rows], next_cursor)
+
+    @get("/{organization_id:str}")
+    async def get_one(self, organization_id: str, vk: Vk) -> OrganizationRead:
+        async with vk.read() as tx:
+            row = await tx.get(Organization, organization_id, "organization")
+        return organization_read(row)
+
+
+class TeamController(Controller):
+    path = "/api/admin/teams"
+    tags = ["teams"]
+
+    @post("/")
+    async def create(self, data: TeamCreate, vk: Vk, request: Request[Any, Any, Any]) -> TeamRead:
+        async with vk.write(actor_id(request)) as tx:
+            row = await service.create_team(
+                tx, organization_id=data.organization_id, name=data.name
+            )
+        return team_read(row)
+
+    @get("/")
+    async def list_all(
+        self,
+        vk: Vk,
+        organization_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[TeamRead]:
+        query = select(Team)
+        if organization_id is not None:
+            query = query.where(Team.organization_id == organization_id)
+        async with vk.read() as tx:
+            rows, next_cursor = await page(tx, query, Team.id, limit=limit, cursor=cursor)
+        return Page([team_read(r) for r in rows], next_cursor)
+
+    @get("/{team_id:str}")
+    async def get_one(self, team_id: str, vk: Vk) -> TeamRead:
+        async with vk.read() as tx:
+            row = await tx.get(Team, team_id, "team")
+        return team_read(row)
+
+
+class ProjectController(Controller):
+    path = "/api/admin/projects"
+    tags = ["projects"]
+
+    @post("/")
+    async def create(
+        self, data: ProjectCreate, vk: Vk, request: Request[Any, Any, Any]
+    ) -> ProjectRead:
+        async with vk.write(actor_id(request)) as tx:
+            row = await service.create_project(
+                tx, organization_id=data.organization_id, name=data.name, team_id=data.team_id
+            )
+        return project_read(row)
+
+    @get("/")
+    async def list_all(
+        self,
+        vk: Vk,
+        organization_id: str | None = None,
+        team_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[ProjectRead]:
+        query = select(Project)
+        if organization_id is not None:
+            query = query.where(Project.organization_id == organization_id)
+        if team_id is not None:
+            query = query.where(Project.team_id == team_id)
+        async with vk.read() as tx:
+            rows, next_cursor = await page(tx, query, Project.id, limit=limit, cursor=cursor)
+        return Page([project_read(r) for r in rows], next_cursor)
+
+    @get("/{project_id:str}")
+    async def get_one(self, project_id: str, vk: Vk) -> ProjectRead:
+        async with vk.read() as tx:
+            row = await tx.get(Project, project_id, "project")
+        return project_read(row)

@@ -1,0 +1,1 @@
+"""Routing policies: model aliases, each an ordered fallback chain of provider and model."""

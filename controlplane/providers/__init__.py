@@ -1,0 +1,1 @@
+"""Model providers: upstream endpoints and their credentials, encrypted at rest."""

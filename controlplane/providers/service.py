@@ -1,0 +1,187 @@
+"""Provider rules: what each kind needs, credentials sealed before they touch the database."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from sqlalchemy import func, select
+
+from controlplane.errors import conflict, invalid
+from controlplane.models import Budget, Organization, Provider, RoutingTarget
+from controlplane.providers.schemas import (
+    PriceOverride,
+    ProviderCreate,
+    ProviderKind,
+    ProviderUpdate,
+)
+from controlplane.security import Cipher, new_id
+from controlplane.state import Tx
+from vkgate.wire import EventKind
+
+DEFAULT_BASE_URLS = {
+    ProviderKind.OPENAI: "https://api.openai.com/v1",
+    ProviderKind.ANTHROPIC: "https://api.anthropic.com",
+}
+NEEDS_BASE_URL = {ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
+NEEDS_API_KEY = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.ANTHROPIC}
+
+
+def _check_kind_rules(
+    kind: ProviderKind, *, base_url: str | None, has_api_key: bool, api_version: str | None
+) -> str | None:
+    """The base URL to store, or a 422 naming what this kind of provider is missing."""
+    if kind is ProviderKind.MOCK:
+        if base_url is not None or has_api_key:
+            raise invalid("a mock provider takes no base_url and no api_key", param="kind")
+        return None
+    if kind in NEEDS_BASE_URL and base_url is None:
+        raise invalid(f"provider kind {kind} needs base_url", param="base_url")
+    if kind in NEEDS_API_KEY and not has_api_key:
+        raise invalid(f"provider kind {kind} needs api_key", param="api_key")
+    if kind is ProviderKind.AZURE_OPENAI and api_version is None:
+        raise invalid("provider kind azure_openai needs api_version", param="api_version")
+    url = base_url or DEFAULT_BASE_URLS.get(kind)
+    return url.rstrip("/") if url else None
+
+
+def _seal_headers(cipher: Cipher, provider_id: str, headers: dict[str, str] | None) -> bytes | None:
+    if not headers:
+        return None
+    return cipher.encrypt(json.dumps(headers, sort_keys=True), context=f"{provider_id}:headers")
+
+
+def open_headers(cipher: Cipher, row: Provider) -> dict[str, str]:
+    if row.headers_encrypted is None:
+        return {}
+    headers: dict[str, str] = json.loads(
+        cipher.decrypt(row.headers_encrypted, context=f"{row.id}:headers")
+    )
+    return headers
+
+
+def open_api_key(cipher: Cipher, row: Provider) -> str | None:
+    if row.api_key_encrypted is None:
+        return None
+    return cipher.decrypt(row.api_key_encrypted, context=f"{row.id}:api_key")
+
+
+def _prices(overrides: dict[str, PriceOverride] | None) -> dict[str, Any]:
+    return msgspec.to_builtins(overrides or {})  # type: ignore[no-any-return]
+
+
+async def _check_name_free(
+    tx: Tx, organization_id: str, name: str, *, other_than: str = ""
+) -> None:
+    taken = await tx.session.scalar(
+        select(Provider.id).where(
+            Provider.organization_id == organization_id,
+            Provider.name == name,
+            Provider.id != other_than,
+        )
+    )
+    if taken:
+        raise conflict(
+            f"a provider named {name!r} already exists in this organization", param="name"
+        )
+
+
+async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
+    await tx.get(Organization, data.organization_id, "organization", param="organization_id")
+    base_url = _check_kind_rules(
+        data.kind,
+        base_url=data.base_url,
+        has_api_key=data.api_key is not None,
+        api_version=data.api_version,
+    )
+    await _check_name_free(tx, data.organization_id, data.name)
+    now = tx.clock.now()
+    provider_id = new_id("prov")
+    row = Provider(
+        id=provider_id,
+        organization_id=data.organization_id,
+        name=data.name,
+        kind=data.kind.value,
+        base_url=base_url,
+        api_version=data.api_version,
+        api_key_encrypted=(
+            cipher.encrypt(data.api_key, context=f"{provider_id}:api_key") if data.api_key else None
+        ),
+        headers_encrypted=_seal_headers(cipher, provider_id, data.headers),
+        header_names=sorted(data.headers or {}),
+        price_overrides=_prices(data.price_overrides),
+        created_at=now,
+        updated_at=now,
+    )
+    tx.session.add(row)
+    await _record(tx, row, "provider.create", {"name": row.name, "kind": row.kind})
+    return row
+
+
+async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate) -> Provider:
+    row = await tx.get(Provider, provider_id, "provider")
+    kind = ProviderKind(row.kind)
+    changed: list[str] = []
+    if data.name is not msgspec.UNSET and data.name != row.name:
+        await _check_name_free(tx, row.organization_id, data.name, other_than=row.id)
+        row.name = data.name
+        changed.append("name")
+    # `null` clears base_url, so the kind's default applies again.
+    base_url = row.base_url if data.base_url is msgspec.UNSET else data.base_url
+    api_version = row.api_version if data.api_version is msgspec.UNSET else data.api_version
+    has_api_key = (
+        row.api_key_encrypted is not None
+        if data.api_key is msgspec.UNSET
+        else data.api_key is not None
+    )
+    row.base_url = _check_kind_rules(
+        kind, base_url=base_url, has_api_key=has_api_key, api_version=api_version
+    )
+    row.api_version = api_version
+    for field in ("base_url", "api_version"):
+        if getattr(data, field) is not msgspec.UNSET:
+            changed.append(field)
+    if data.api_key is not msgspec.UNSET:
+        row.api_key_encrypted = (
+            cipher.encrypt(data.api_key, context=f"{row.id}:api_key") if data.api_key else None
+        )
+        changed.append("api_key")
+    if data.headers is not msgspec.UNSET:
+        row.headers_encrypted = _seal_headers(cipher, row.id, data.headers)
+        row.header_names = sorted(data.headers or {})
+        changed.append("headers")
+    if data.price_overrides is not msgspec.UNSET:
+        row.price_overrides = _prices(data.price_overrides)
+        changed.append("price_overrides")
+    row.updated_at = tx.clock.now()
+    await _record(tx, row, "provider.update", {"fields": changed})
+    return row
+
+
+async def delete(tx: Tx, provider_id: str) -> None:
+    row = await tx.get(Provider, provider_id, "provider")
+    policies = await tx.session.scalar(
+        select(func.count(func.distinct(RoutingTarget.policy_id))).where(
+            RoutingTarget.provider_id == provider_id
+        )
+    )
+    if policies:
+        raise conflict(f"provider {provider_id!r} is used by {policies} routing policy(ies)")
+    budgets = await tx.session.scalar(
+        select(func.count(Budget.id)).where(Budget.provider_id == provider_id)
+    )
+    if budgets:
+        raise conflict(f"provider {provider_id!r} is the filter of {budgets} budget(s)")
+    await _record(tx, row, "provider.delete", {"name": row.name})
+    await tx.session.delete(row)
+
+
+async def _record(tx: Tx, row: Provider, action: str, details: dict[str, Any]) -> None:
+    await tx.audit(action, "provider", row.id, row.organization_id, details)
+    await tx.event(
+        EventKind.MODEL_PROVIDER_UPDATED,
+        organization_id=row.organization_id,
+        entity_kind="provider",
+        entity_id=row.id,
+    )

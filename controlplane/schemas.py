@@ -1,0 +1,69 @@
+"""Types shared by every admin resource: names, ids, pages, and request plumbing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Generic, TypeVar
+
+import msgspec
+from litestar import Request
+from litestar.di import NamedDependency, Provide
+from sqlalchemy import Select
+from sqlalchemy.orm import InstrumentedAttribute
+
+from controlplane.auth import Actor
+from controlplane.errors import invalid
+from controlplane.state import AppState, Tx
+
+T = TypeVar("T")
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
+Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+
+
+class Page(msgspec.Struct, Generic[T]):
+    data: list[T]
+    next_cursor: str | None = None
+
+
+def app_state(request: Request[Any, Any, Any]) -> AppState:
+    state: AppState = request.app.state["vk"]
+    return state
+
+
+def actor_id(request: Request[Any, Any, Any]) -> str:
+    actor: Actor = request.state.actor
+    return actor.id
+
+
+DEPENDENCIES = {"vk": Provide(app_state, sync_to_thread=False)}
+Vk = NamedDependency[AppState]
+"""How a handler asks for the application state: `vk: Vk`."""
+
+
+def page_size(limit: int | None) -> int:
+    if limit is None:
+        return DEFAULT_PAGE
+    if not 1 <= limit <= MAX_PAGE:
+        raise invalid(f"limit must be between 1 and {MAX_PAGE}", param="limit")
+    return limit
+
+
+async def page(
+    tx: Tx,
+    query: Select[Any],
+    key: InstrumentedAttribute[Any],
+    *,
+    limit: int | None,
+    cursor: str | None,
+) -> tuple[Sequence[Any], str | None]:
+    """Rows ordered by `key` after `cursor`, and the cursor of the next page if there is one."""
+    size = page_size(limit)
+    if cursor:
+        query = query.where(key > cursor)
+    rows = list(await tx.session.scalars(query.order_by(key).limit(size + 1)))
+    if len(rows) > size:
+        rows = rows[:size]
+        return rows, str(getattr(rows[-1], key.key))
+    return rows, None

@@ -1,0 +1,144 @@
+"""Admin routes for admin tokens and for reading the audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, get, post
+from litestar.status_codes import HTTP_200_OK
+from sqlalchemy import select
+
+from controlplane.auth import Role
+from controlplane.errors import conflict, invalid
+from controlplane.models import AdminToken, AuditEntry
+from controlplane.schemas import Name, Page, Vk, actor_id, page, page_size
+from controlplane.security import new_admin_token, new_id
+from vkgate.clock import rfc3339
+from vkgate.keys import display_prefix
+
+
+class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
+    name: Name
+    role: Role
+
+
+class TokenRead(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    role: str
+    prefix: str
+    created_at: str
+    revoked_at: str | None
+
+
+class TokenWithSecret(TokenRead, kw_only=True):
+    token: str
+
+
+class AuditRead(msgspec.Struct):
+    id: int
+    at: str
+    actor: str
+    action: str
+    resource_kind: str
+    resource_id: str
+    organization_id: str | None
+    details: dict[str, Any]
+
+
+def token_read(row: AdminToken) -> TokenRead:
+    return TokenRead(
+        id=row.id,
+        name=row.name,
+        role=row.role,
+        prefix=row.prefix,
+        created_at=rfc3339(row.created_at),
+        revoked_at=rfc3339(row.revoked_at) if row.revoked_at else None,
+    )
+
+
+class AdminTokenController(Controller):
+    path = "/api/admin/tokens"
+    tags = ["admin tokens"]
+    opt = {"role": "admin"}
+
+    @post("/")
+    async def create(
+        self, data: TokenCreate, vk: Vk, request: Request[Any, Any, Any]
+    ) -> TokenWithSecret:
+        token = new_admin_token()
+        async with vk.write(actor_id(request)) as tx:
+            if await tx.session.scalar(select(AdminToken.id).where(AdminToken.name == data.name)):
+                raise conflict(f"an admin token named {data.name!r} already exists", param="name")
+            row = AdminToken(
+                id=new_id("tok"),
+                name=data.name,
+                role=data.role.value,
+                token_hash=vk.hasher.of_secret(token),
+                prefix=display_prefix(token),
+                created_at=tx.clock.now(),
+                revoked_at=None,
+            )
+            tx.session.add(row)
+            await tx.audit("admin_token.create", "admin_token", row.id, None, {"role": row.role})
+        return TokenWithSecret(**msgspec.structs.asdict(token_read(row)), token=token)
+
+    @get("/")
+    async def list_all(
+        self, vk: Vk, limit: int | None = None, cursor: str | None = None
+    ) -> Page[TokenRead]:
+        async with vk.read() as tx:
+            rows, next_cursor = await page(
+                tx, select(AdminToken), AdminToken.id, limit=limit, cursor=cursor
+            )
+        return Page([token_read(r) for r in rows], next_cursor)
+
+    @post("/{token_id:str}/revoke", status_code=HTTP_200_OK)
+    async def revoke(self, token_id: str, vk: Vk, request: Request[Any, Any, Any]) -> TokenRead:
+        async with vk.write(actor_id(request)) as tx:
+            row = await tx.get(AdminToken, token_id, "admin token")
+            if row.revoked_at is None:
+                row.revoked_at = tx.clock.now()
+                await tx.audit("admin_token.revoke", "admin_token", row.id, None)
+        return token_read(row)
+
+
+@get("/api/admin/audit-log", tags=["audit log"])
+async def audit_log(
+    vk: Vk,
+    organization_id: str | None = None,
+    resource_id: str | None = None,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> Page[AuditRead]:
+    """Oldest first; `next_cursor` continues after the last entry shown."""
+    size = page_size(limit)
+    query = select(AuditEntry)
+    if organization_id is not None:
+        query = query.where(AuditEntry.organization_id == organization_id)
+    if resource_id is not None:
+        query = query.where(AuditEntry.resource_id == resource_id)
+    if cursor:
+        if not cursor.isdigit():
+            raise invalid("cursor must be a cursor this route returned", param="cursor")
+        query = query.where(AuditEntry.id > int(cursor))
+    async with vk.read() as tx:
+        rows = list(await tx.session.scalars(query.order_by(AuditEntry.id).limit(size + 1)))
+    next_cursor = str(rows[size - 1].id) if len(rows) > size else None
+    return Page(
+        [
+            AuditRead(
+                id=r.id,
+                at=rfc3339(r.at),
+                actor=r.actor,
+                action=r.action,
+                resource_kind=r.resource_kind,
+                resource_id=r.resource_id,
+                organization_id=r.organization_id,
+                details=r.details,
+            )
+            for r in rows[:size]
+        ],
+        next_cursor,
+    )

@@ -1,0 +1,1 @@
+"""Schema migrations: Alembic for the control plane's relational store."""

@@ -1,0 +1,1 @@
+"""The vkgate proxy: the request path applications call (built on the control plane's API)."""

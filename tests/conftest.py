@@ -1,0 +1,166 @@
+"""Fixtures: the control plane on SQLite and on PostgreSQL, a manual clock, signed calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+
+from controlplane.app import create_app
+from controlplane.db import Database, create_engine
+from controlplane.migrate import upgrade
+from controlplane.settings import ControlPlaneSettings
+from tests.support import databases
+from tests.support.clock import ManualClock
+from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET, secrets_env
+from vkgate import signing
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="session", params=databases.backends())
+def database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A migrated database per backend, shared by the tests of that backend."""
+    if request.param == "postgres":
+        manager = databases.postgres_database()
+    else:
+        manager = databases.sqlite_database(tmp_path_factory.mktemp("sqlite"))
+    with manager as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def database(database_url: str) -> AsyncIterator[Database]:
+    db = Database(create_engine(database_url))
+    yield db
+    await db.close()
+
+
+@pytest.fixture
+async def clean_database(database: Database) -> Database:
+    await databases.empty_all_tables(database.engine)
+    return database
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def settings(database_url: str) -> ControlPlaneSettings:
+    return ControlPlaneSettings.from_env(secrets_env(database_url))
+
+
+@pytest.fixture
+def app(settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database) -> Litestar:
+    return create_app(settings, clock=clock, database=clean_database)
+
+
+@pytest.fixture
+async def client(app: Litestar) -> AsyncIterator[AsyncTestClient[Litestar]]:
+    async with AsyncTestClient(app, base_url="http://controlplane.test") as test_client:
+        yield test_client
+
+
+@dataclass
+class Internal:
+    """Signs internal API calls the way a proxy does, at the manual clock's time."""
+
+    client: AsyncTestClient[Litestar]
+    clock: ManualClock
+    secret: str = INTERNAL_SECRET
+
+    async def call(
+        self,
+        method: str,
+        path_and_query: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        raw = b"" if body is None else json.dumps(body).encode()
+        signed = signing.signed_headers(
+            self.secret, method, path_and_query, raw, self.clock.now().timestamp()
+        )
+        return await self.client.request(
+            method,
+            path_and_query,
+            content=raw,
+            headers={**signed, "content-type": "application/json", **(headers or {})},
+        )
+
+
+@pytest.fixture
+def internal(client: AsyncTestClient[Litestar], clock: ManualClock) -> Internal:
+    return Internal(client, clock)
+
+
+@dataclass
+class World:
+    """An organization with a team, a project, an OpenAI provider, a policy and a key."""
+
+    org: str
+    team: str
+    project: str
+    provider: str
+    policy: str
+    key_id: str
+    key: str
+
+
+async def _post(
+    client: AsyncTestClient[Litestar], path: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    response = await client.post(path, json=body, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+@pytest.fixture
+async def world(client: AsyncTestClient[Litestar]) -> World:
+    org = (await _post(client, "/api/admin/organizations", {"name": "acme"}))["id"]
+    team = (await _post(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
+    project = (
+        await _post(
+            client, "/api/admin/projects", {"organization_id": org, "team_id": team, "name": "chat"}
+        )
+    )["id"]
+    provider = (
+        await _post(
+            client,
+            "/api/admin/providers",
+            {
+                "organization_id": org,
+                "name": "openai-main",
+                "kind": "openai",
+                "api_key": "sk-test-provider-credential-7d1f",
+            },
+        )
+    )["id"]
+    policy = (
+        await _post(
+            client,
+            "/api/admin/routing-policies",
+            {
+                "organization_id": org,
+                "name": "default",
+                "aliases": {"fast": [{"provider_id": provider, "model": "gpt-4o-mini"}]},
+            },
+        )
+    )["id"]
+    key = await _post(
+        client,
+        "/api/admin/virtual-keys",
+        {"project_id": project, "name": "app", "routing_policy_id": policy},
+    )
+    return World(org, team, project, provider, policy, key["id"], key["key"])

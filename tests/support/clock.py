@@ -1,0 +1,23 @@
+"""A clock whose wall time the test sets; monotonic time stays real so waits still end."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+
+class ManualClock:
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self._now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def advance(self, seconds: float) -> None:
+        self._now += timedelta(seconds=seconds)
+
+    def set(self, moment: datetime) -> None:
+        self._now = moment

@@ -1,0 +1,5 @@
+"""Entry point for `python -m vkgate`."""
+
+from vkgate.cli import main
+
+main()

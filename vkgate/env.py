@@ -1,0 +1,156 @@
+"""Reading `VKGATE_*` settings: the registry of known names and typed, validated parsers.
+
+Settings are read once at start-up by each service's own settings object; every parser raises
+`SettingError` naming the variable, so a bad deployment fails before it serves anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# Every setting either service or the CLI understands. An unknown `VKGATE_*` name is refused at
+# start-up: a typo in a deployment (VKGATE_DATABSE_URL) must not silently fall back to defaults.
+KNOWN: frozenset[str] = frozenset(
+    {
+        "VKGATE_HOME",
+        "VKGATE_LOG_LEVEL",
+        # control plane
+        "VKGATE_CONTROLPLANE_ADDR",
+        "VKGATE_CONTROLPLANE_URL",
+        "VKGATE_CONTROLPLANE_MAX_BODY_BYTES",
+        "VKGATE_DATABASE_URL",
+        "VKGATE_LEDGER_URL",
+        "VKGATE_ADMIN_TOKEN",
+        "VKGATE_INTERNAL_SECRET",
+        "VKGATE_JWT_SECRET",
+        "VKGATE_KEY_PEPPER",
+        "VKGATE_ENCRYPTION_KEY",
+        "VKGATE_FEED_POLL_INTERVAL_SECONDS",
+        # proxy
+        "VKGATE_PROXY_ADDR",
+        "VKGATE_METRICS_ADDR",
+        "VKGATE_METRICS_TOKEN",
+        "VKGATE_MAX_BODY_BYTES",
+        "VKGATE_REDIS_URL",
+        "VKGATE_SPOOL_DIR",
+        "VKGATE_SPEND_FLUSH_INTERVAL_SECONDS",
+        "VKGATE_SPEND_SPOOL_MAX_BYTES",
+        "VKGATE_AUTH_CACHE_SOFT_BUMP_SECONDS",
+        "VKGATE_AUTH_CACHE_HARD_GRACE_SECONDS",
+        "VKGATE_AUTH_CACHE_CONFIG_TTL_SECONDS",
+    }
+)
+
+SECRET_MIN_LENGTH = 32
+
+
+class SettingError(ValueError):
+    """A setting is missing, unknown or malformed; the message names the variable."""
+
+
+def check_unknown(env: Mapping[str, str]) -> None:
+    """Refuse `VKGATE_*` variables that no part of vkgate reads."""
+    for name in sorted(env):
+        if name.startswith("VKGATE_") and name not in KNOWN:
+            close = difflib.get_close_matches(name, KNOWN, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise SettingError(f"{name} is not a vkgate setting{hint}")
+
+
+def string(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    return value
+
+
+def integer(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def number(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def address(env: Mapping[str, str], name: str, default: str) -> tuple[str, int]:
+    """Parse `host:port` (IPv6 hosts in brackets)."""
+    raw = env.get(name) or default
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host:
+        raise SettingError(f"{name} must be host:port, got {raw!r}")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise SettingError(f"{name} must be host:port, got {raw!r}") from None
+    if not 0 <= port_number <= 65535:
+        raise SettingError(f"{name} port must be 0-65535, got {port_number}")
+    return host.strip("[]"), port_number
+
+
+def secret(env: Mapping[str, str], name: str) -> str:
+    """A shared secret of at least 32 characters; required."""
+    value = env.get(name)
+    if not value:
+        raise SettingError(f"{name} is required (any string of {SECRET_MIN_LENGTH}+ characters)")
+    if len(value) < SECRET_MIN_LENGTH:
+        raise SettingError(f"{name} must be at least {SECRET_MIN_LENGTH} characters long")
+    return value
+
+
+def encryption_key(env: Mapping[str, str], name: str) -> bytes:
+    """32 random bytes, URL-safe base64."""
+    value = env.get(name)
+    if not value:
+        raise SettingError(f"{name} is required (32 random bytes, URL-safe base64)")
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except (ValueError, TypeError):
+        raise SettingError(f"{name} must be URL-safe base64") from None
+    if len(raw) != 32:
+        raise SettingError(f"{name} must decode to exactly 32 bytes, got {len(raw)}")
+    return raw
+
+
+def home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("VKGATE_HOME") or ".vkgate")
+
+
+def load_secrets_file(path: Path) -> dict[str, str]:
+    """Read the `NAME=value` file `vkgate up` writes; missing file means no values."""
+    values: dict[str, str] = {}
+    if not path.exists():
+        return values
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def environment() -> dict[str, str]:
+    """The process environment: the one place vkgate reads `os.environ`."""
+    return dict(os.environ)

@@ -1,0 +1,65 @@
+"""HMAC signing of internal API requests, shared by the proxy (signs) and control plane (verifies).
+
+Signature = hex HMAC-SHA256(secret, METHOD \\n PATH?QUERY \\n TIMESTAMP \\n hex(sha256(body))).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from enum import StrEnum
+
+TIMESTAMP_HEADER = "X-Vkgate-Timestamp"
+SIGNATURE_HEADER = "X-Vkgate-Signature"
+MAX_SKEW_SECONDS = 300
+
+
+class SignatureProblem(StrEnum):
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    SKEW = "skew"
+    MISMATCH = "mismatch"
+
+
+def canonical(method: str, path_and_query: str, timestamp: str, body: bytes) -> bytes:
+    digest = hashlib.sha256(body).hexdigest()
+    return f"{method.upper()}\n{path_and_query}\n{timestamp}\n{digest}".encode()
+
+
+def sign(secret: str, method: str, path_and_query: str, timestamp: int, body: bytes) -> str:
+    message = canonical(method, path_and_query, str(timestamp), body)
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def signed_headers(
+    secret: str, method: str, path_and_query: str, body: bytes, now: float
+) -> dict[str, str]:
+    timestamp = int(now)
+    return {
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(secret, method, path_and_query, timestamp, body),
+    }
+
+
+def verify(
+    secret: str,
+    method: str,
+    path_and_query: str,
+    body: bytes,
+    timestamp: str | None,
+    signature: str | None,
+    now: float,
+) -> SignatureProblem | None:
+    """None when the request is authentic and fresh, else what is wrong with it."""
+    if not timestamp or not signature:
+        return SignatureProblem.MISSING
+    try:
+        sent_at = int(timestamp)
+    except ValueError:
+        return SignatureProblem.MALFORMED
+    if abs(now - sent_at) > MAX_SKEW_SECONDS:
+        return SignatureProblem.SKEW
+    expected = sign(secret, method, path_and_query, sent_at, body)
+    if not hmac.compare_digest(expected, signature.lower()):
+        return SignatureProblem.MISMATCH
+    return None

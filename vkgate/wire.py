@@ -1,0 +1,138 @@
+"""Wire types of the internal API (`/api/internal/gateway/`), imported by both services.
+
+The control plane encodes these; the proxy decodes them into its runtime objects. Fields are
+only ever added with defaults, so an older proxy keeps decoding a newer control plane's answer.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+INTERNAL_PREFIX = "/api/internal/gateway"
+CHANGES_DEFAULT_TIMEOUT_S = 10.0
+CHANGES_MAX_TIMEOUT_S = 25.0
+CHANGES_MAX_EVENTS = 500
+REVISION_HEADER = "X-Vkgate-Revision"
+
+
+class EventKind(StrEnum):
+    VK_CREATED = "VK_CREATED"
+    VK_CONFIG_UPDATED = "VK_CONFIG_UPDATED"
+    VK_ROTATED = "VK_ROTATED"
+    VK_REVOKED = "VK_REVOKED"
+    VK_DISABLED = "VK_DISABLED"
+    VK_ENABLED = "VK_ENABLED"
+    BUDGET_CREATED = "BUDGET_CREATED"
+    BUDGET_UPDATED = "BUDGET_UPDATED"
+    BUDGET_DELETED = "BUDGET_DELETED"
+    MODEL_PROVIDER_UPDATED = "MODEL_PROVIDER_UPDATED"
+    ROUTING_POLICY_UPDATED = "ROUTING_POLICY_UPDATED"
+    ROUTING_POLICY_DELETED = "ROUTING_POLICY_DELETED"
+
+
+class ResolveKeyRequest(msgspec.Struct, forbid_unknown_fields=True):
+    key_sha256: str
+
+
+class ResolveKeyResponse(msgspec.Struct):
+    jwt: str
+    vk_id: str
+    organization_id: str
+    revision: int
+    expires_at: str
+    """When the JWT (and so this resolution) expires, RFC 3339."""
+    key_expires_at: str | None = None
+    """When the presented key stops working (its expiry or rotation grace), if ever."""
+
+
+class Limits(msgspec.Struct, omit_defaults=True):
+    rpm: int | None = None
+    tpm: int | None = None
+    rpd: int | None = None
+    max_concurrency: int | None = None
+
+
+class Price(msgspec.Struct, omit_defaults=True):
+    """USD per million tokens, as decimal strings."""
+
+    input_per_mtok: str
+    output_per_mtok: str
+    cache_read_per_mtok: str | None = None
+    cache_write_per_mtok: str | None = None
+
+
+class ChainTarget(msgspec.Struct):
+    provider_id: str
+    provider_name: str
+    kind: str
+    base_url: str | None
+    model: str
+    api_key: str | None = None
+    api_version: str | None = None
+    headers: dict[str, str] = {}
+    price: Price | None = None
+
+
+class BudgetState(msgspec.Struct):
+    budget_id: str
+    name: str | None
+    scope_kind: str
+    scope_id: str | None
+    window: str
+    limit_usd: str
+    on_breach: str
+    provider_id: str | None = None
+    spent_usd: str = "0"
+    window_start: str | None = None
+    window_end: str | None = None
+
+
+class ConfigBundle(msgspec.Struct):
+    vk_id: str
+    organization_id: str
+    project_id: str
+    team_id: str | None
+    status: str
+    revision: int
+    limits: Limits
+    allowed_models: list[str] | None
+    aliases: dict[str, list[ChainTarget]]
+    budgets: list[BudgetState]
+    expires_at: str | None = None
+    metadata: dict[str, str] = {}
+
+
+class ChangeEvent(msgspec.Struct):
+    revision: int
+    kind: EventKind
+    organization_id: str
+    entity_kind: str
+    entity_id: str
+    at: str
+    vk_id: str | None = None
+
+
+class ChangesResponse(msgspec.Struct):
+    events: list[ChangeEvent]
+    current_revision: int
+
+
+class HealthResponse(msgspec.Struct):
+    status: str
+    revision: int
+    time: str
+    version: str
+    database: str = "ok"
+
+
+class ErrorDetail(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
