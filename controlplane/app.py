@@ -15,8 +15,9 @@ from sqlalchemy import text
 import vkgate
 from controlplane.auth import require_admin_token
 from controlplane.budgets.routes import BudgetController
-from controlplane.db import Database, create_engine
+from controlplane.db import Database, create_engine, is_sqlite
 from controlplane.errors import EXCEPTION_HANDLERS
+from controlplane.feed.listener import PostgresFeedListener
 from controlplane.feed.service import FeedNotifier
 from controlplane.internal.routes import internal_router
 from controlplane.keys.routes import VirtualKeyController
@@ -74,17 +75,30 @@ def create_app(
     database: Database | None = None,
 ) -> Litestar:
     db = database or Database(create_engine(settings.database_url))
+    notifier = FeedNotifier()
     state = AppState(
         settings=settings,
         db=db,
         clock=clock or SystemClock(),
         cipher=Cipher(settings.encryption_key),
         hasher=Hasher(settings.key_pepper),
-        notifier=FeedNotifier(),
-        metrics=Metrics(),
+        notifier=notifier,
+        metrics=Metrics(waiting_polls=lambda: notifier.waiting),
     )
 
-    async def close_database() -> None:
+    listener = (
+        None
+        if is_sqlite(settings.database_url)
+        else PostgresFeedListener(settings.database_url, state.notifier)
+    )
+
+    async def start_listener() -> None:
+        if listener is not None:
+            await listener.start()
+
+    async def close() -> None:
+        if listener is not None:
+            await listener.stop()
         if database is None:
             await db.close()
 
@@ -94,7 +108,8 @@ def create_app(
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         state=State({"vk": state}),
-        on_shutdown=[close_database],
+        on_startup=[start_listener],
+        on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="vkgate control plane",

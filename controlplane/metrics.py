@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, waiting_polls: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
+        Gauge(
+            "vkgate_controlplane_feed_waiting_polls",
+            "Change-feed long-polls waiting for an event",
+            registry=self.registry,
+        ).set_function(waiting_polls)
         self.internal_auth_failures = Counter(
             "vkgate_controlplane_internal_auth_failures",
             "Internal API requests refused for their signature, by reason",

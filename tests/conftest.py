@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 from litestar import Litestar
-from litestar.testing import AsyncTestClient
 
 from controlplane.app import create_app
 from controlplane.db import Database, create_engine
@@ -66,17 +66,31 @@ def app(settings: ControlPlaneSettings, clock: ManualClock, clean_database: Data
     return create_app(settings, clock=clock, database=clean_database)
 
 
+@asynccontextmanager
+async def serve_in_loop(app: Litestar, base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for `app`, run in the test's own event loop with its lifespan.
+
+    (Litestar's AsyncTestClient runs the app on a thread of its own, where it could not share
+    the test's database engine, and it blocks the test's loop while a request waits.)
+    """
+    async with (
+        app.lifespan(),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url) as http,
+    ):
+        yield http
+
+
 @pytest.fixture
-async def client(app: Litestar) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    async with AsyncTestClient(app, base_url="http://controlplane.test") as test_client:
-        yield test_client
+async def client(app: Litestar) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_in_loop(app, "http://controlplane.test") as http:
+        yield http
 
 
 @dataclass
 class Internal:
     """Signs internal API calls the way a proxy does, at the manual clock's time."""
 
-    client: AsyncTestClient[Litestar]
+    client: httpx.AsyncClient
     clock: ManualClock
     secret: str = INTERNAL_SECRET
 
@@ -100,7 +114,7 @@ class Internal:
 
 
 @pytest.fixture
-def internal(client: AsyncTestClient[Litestar], clock: ManualClock) -> Internal:
+def internal(client: httpx.AsyncClient, clock: ManualClock) -> Internal:
     return Internal(client, clock)
 
 
@@ -118,7 +132,7 @@ class World:
 
 
 async def _post(
-    client: AsyncTestClient[Litestar], path: str, body: dict[str, Any]
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
 ) -> dict[str, Any]:
     response = await client.post(path, json=body, headers=ADMIN)
     assert response.status_code == 201, response.text
@@ -127,7 +141,7 @@ async def _post(
 
 
 @pytest.fixture
-async def world(client: AsyncTestClient[Litestar]) -> World:
+async def world(client: httpx.AsyncClient) -> World:
     org = (await _post(client, "/api/admin/organizations", {"name": "acme"}))["id"]
     team = (await _post(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
     project = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.models import ChangeEvent, FeedCounter
@@ -13,22 +13,35 @@ from vkgate.wire import EventKind
 
 
 class FeedNotifier:
-    """Wakes every waiting long-poll of this process when a write transaction commits."""
+    """Wakes every waiting long-poll of this process when a write transaction commits.
+
+    A poll takes a `ticket()` before it reads the feed and waits on that ticket: a write that
+    commits between the read and the wait has already set it, so its wake-up is not lost.
+    """
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.waiting = 0
+        """Long-polls waiting right now (each holds a request, never a database connection)."""
 
     def notify(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
 
-    async def wait(self, timeout: float) -> bool:
-        """True when woken by a write, False when `timeout` passed first."""
-        event = self._event
+    def ticket(self) -> asyncio.Event:
+        """Set by the next `notify()`; take it before reading what a wake-up would change."""
+        return self._event
+
+    async def wait(self, timeout: float, ticket: asyncio.Event | None = None) -> bool:
+        """True when woken by a write (since `ticket` was taken), False when `timeout` passed."""
+        event = self._event if ticket is None else ticket
+        self.waiting += 1
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             return False
+        finally:
+            self.waiting -= 1
         return True
 
 
@@ -54,6 +67,9 @@ async def append(
         .returning(FeedCounter.revision)
     )
     revision = int(result.scalar_one())
+    if session.get_bind().dialect.name == "postgresql":
+        # Delivered at commit, to every replica's listener; see feed/listener.py.
+        await session.execute(text("SELECT pg_notify('vkgate_feed', '')"))
     session.add(
         ChangeEvent(
             revision=revision,

@@ -72,6 +72,8 @@ async def changes(
     timeout_s = min(timeout_s, CHANGES_MAX_TIMEOUT_S)
     deadline = vk.clock.monotonic() + timeout_s
     while True:
+        # Taken before the read, so a write committing after it still ends the wait below.
+        ticket = vk.notifier.ticket()
         async with vk.read() as tx:
             # The counter first: every event up to it has committed (see feed.append).
             current = await feed.current_revision(tx.session)
@@ -106,7 +108,7 @@ async def changes(
             return Response(
                 b"", status_code=HTTP_204_NO_CONTENT, headers={REVISION_HEADER: str(current)}
             )
-        await vk.notifier.wait(min(remaining, vk.settings.feed_poll_interval_s))
+        await vk.notifier.wait(min(remaining, vk.settings.feed_poll_interval_s), ticket)
 
 
 @get("/health")

@@ -1,0 +1,157 @@
+"""`vkgate budgets|tokens|audit …`: spend limits, admin tokens and the audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from vkgate.cli._context import admin_client
+from vkgate.cli._output import json_option, show
+
+BUDGET_COLUMNS = ("id", "name", "scope", "window", "limit_usd", "provider_id", "on_breach")
+TOKEN_COLUMNS = ("id", "name", "role", "prefix", "created_at", "revoked_at")
+AUDIT_COLUMNS = ("id", "at", "actor", "action", "resource_id", "details")
+SCOPES = ("organization", "team", "project", "virtual_key", "end_user")
+
+
+def _scope(text: str) -> dict[str, str | None]:
+    kind, _, ident = text.partition(":")
+    if kind not in SCOPES:
+        raise click.BadParameter(
+            f"expected KIND[:ID] with KIND one of {', '.join(SCOPES)}, got {text!r}",
+            param_hint="--scope",
+        )
+    return {"kind": kind, "id": ident or None}
+
+
+@click.group("budgets")
+def budgets() -> None:
+    """Spend budgets by scope and window."""
+
+
+@budgets.command("create")
+@click.option("--org", "org_id", required=True, help="Organization id.")
+@click.option("--scope", required=True, help="KIND[:ID], e.g. team:team_…, or organization.")
+@click.option("--window", required=True, type=click.Choice(["day", "week", "month", "total"]))
+@click.option("--limit-usd", required=True, help="Limit in USD, e.g. 250 or 12.50.")
+@click.option("--name")
+@click.option("--provider", "provider_id", help="Count only this provider's spend.")
+@click.option(
+    "--on-breach", type=click.Choice(["block", "warn"]), default="block", show_default=True
+)
+@json_option
+def budget_create(
+    org_id: str,
+    scope: str,
+    window: str,
+    limit_usd: str,
+    name: str | None,
+    provider_id: str | None,
+    on_breach: str,
+    as_json: bool,
+) -> None:
+    body: dict[str, Any] = {
+        "organization_id": org_id,
+        "scope": _scope(scope),
+        "window": window,
+        "limit_usd": limit_usd,
+        "on_breach": on_breach,
+    }
+    if name:
+        body["name"] = name
+    if provider_id:
+        body["provider_id"] = provider_id
+    show(admin_client().post("/api/admin/budgets", body), BUDGET_COLUMNS, as_json=as_json)
+
+
+@budgets.command("update")
+@click.argument("budget_id")
+@click.option("--name")
+@click.option("--window", type=click.Choice(["day", "week", "month", "total"]))
+@click.option("--limit-usd")
+@click.option("--on-breach", type=click.Choice(["block", "warn"]))
+@json_option
+def budget_update(
+    budget_id: str,
+    name: str | None,
+    window: str | None,
+    limit_usd: str | None,
+    on_breach: str | None,
+    as_json: bool,
+) -> None:
+    given = {"name": name, "window": window, "limit_usd": limit_usd, "on_breach": on_breach}
+    body = {k: v for k, v in given.items() if v is not None}
+    if not body:
+        raise click.UsageError("nothing to change: give at least one option")
+    row = admin_client().patch(f"/api/admin/budgets/{budget_id}", body)
+    show(row, BUDGET_COLUMNS, as_json=as_json)
+
+
+@budgets.command("list")
+@click.option("--org", "org_id", help="Only this organization's budgets.")
+@json_option
+def budget_list(org_id: str | None, as_json: bool) -> None:
+    rows = list(admin_client().list_all("/api/admin/budgets", organization_id=org_id))
+    show(rows, BUDGET_COLUMNS, as_json=as_json)
+
+
+@budgets.command("show")
+@click.argument("budget_id")
+@json_option
+def budget_show(budget_id: str, as_json: bool) -> None:
+    show(admin_client().get(f"/api/admin/budgets/{budget_id}"), BUDGET_COLUMNS, as_json=as_json)
+
+
+@budgets.command("delete")
+@click.argument("budget_id")
+def budget_delete(budget_id: str) -> None:
+    admin_client().delete(f"/api/admin/budgets/{budget_id}")
+    click.echo(f"deleted {budget_id}")
+
+
+@click.group("tokens")
+def tokens() -> None:
+    """Admin tokens (roles: admin, finance)."""
+
+
+@tokens.command("create")
+@click.option("--name", required=True)
+@click.option("--role", required=True, type=click.Choice(["admin", "finance"]))
+@json_option
+def token_create(name: str, role: str, as_json: bool) -> None:
+    row = admin_client().post("/api/admin/tokens", {"name": name, "role": role})
+    show(
+        row if as_json else {k: v for k, v in row.items() if k != "token"},
+        TOKEN_COLUMNS,
+        as_json=as_json,
+    )
+    if not as_json:
+        click.echo(f"\ntoken: {row['token']}\nThis is the only time the token is shown.")
+
+
+@tokens.command("list")
+@json_option
+def token_list(as_json: bool) -> None:
+    show(list(admin_client().list_all("/api/admin/tokens")), TOKEN_COLUMNS, as_json=as_json)
+
+
+@tokens.command("revoke")
+@click.argument("token_id")
+@json_option
+def token_revoke(token_id: str, as_json: bool) -> None:
+    show(
+        admin_client().post(f"/api/admin/tokens/{token_id}/revoke"), TOKEN_COLUMNS, as_json=as_json
+    )
+
+
+@click.command("audit")
+@click.option("--org", "org_id", help="Only this organization's entries.")
+@click.option("--resource", "resource_id", help="Only entries about this resource id.")
+@json_option
+def audit(org_id: str | None, resource_id: str | None, as_json: bool) -> None:
+    """The audit log of admin changes, oldest first."""
+    rows = admin_client().list_all(
+        "/api/admin/audit-log", organization_id=org_id, resource_id=resource_id
+    )
+    show(list(rows), AUDIT_COLUMNS, as_json=as_json)

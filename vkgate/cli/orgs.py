@@ -1,0 +1,101 @@
+"""`vkgate orgs|teams|projects …`: who owns keys and spend."""
+
+from __future__ import annotations
+
+import click
+
+from vkgate.cli._context import admin_client
+from vkgate.cli._output import json_option, show
+
+ORG_COLUMNS = ("id", "name", "created_at")
+TEAM_COLUMNS = ("id", "organization_id", "name", "created_at")
+PROJECT_COLUMNS = ("id", "organization_id", "team_id", "name", "created_at")
+
+
+@click.group("orgs")
+def orgs() -> None:
+    """Organizations."""
+
+
+@orgs.command("create")
+@click.argument("name")
+@json_option
+def org_create(name: str, as_json: bool) -> None:
+    show(
+        admin_client().post("/api/admin/organizations", {"name": name}),
+        ORG_COLUMNS,
+        as_json=as_json,
+    )
+
+
+@orgs.command("list")
+@json_option
+def org_list(as_json: bool) -> None:
+    show(list(admin_client().list_all("/api/admin/organizations")), ORG_COLUMNS, as_json=as_json)
+
+
+@orgs.command("show")
+@click.argument("org_id")
+@json_option
+def org_show(org_id: str, as_json: bool) -> None:
+    show(admin_client().get(f"/api/admin/organizations/{org_id}"), ORG_COLUMNS, as_json=as_json)
+
+
+@click.group("teams")
+def teams() -> None:
+    """Teams of an organization."""
+
+
+@teams.command("create")
+@click.option("--org", "org_id", required=True, help="Organization id.")
+@click.argument("name")
+@json_option
+def team_create(org_id: str, name: str, as_json: bool) -> None:
+    body = {"organization_id": org_id, "name": name}
+    show(admin_client().post("/api/admin/teams", body), TEAM_COLUMNS, as_json=as_json)
+
+
+@teams.command("list")
+@click.option("--org", "org_id", help="Only this organization's teams.")
+@json_option
+def team_list(org_id: str | None, as_json: bool) -> None:
+    rows = list(admin_client().list_all("/api/admin/teams", organization_id=org_id))
+    show(rows, TEAM_COLUMNS, as_json=as_json)
+
+
+@teams.command("show")
+@click.argument("team_id")
+@json_option
+def team_show(team_id: str, as_json: bool) -> None:
+    show(admin_client().get(f"/api/admin/teams/{team_id}"), TEAM_COLUMNS, as_json=as_json)
+
+
+@click.group("projects")
+def projects() -> None:
+    """Projects: the unit virtual keys belong to."""
+
+
+@projects.command("create")
+@click.option("--org", "org_id", required=True, help="Organization id.")
+@click.option("--team", "team_id", help="Team id (optional).")
+@click.argument("name")
+@json_option
+def project_create(org_id: str, team_id: str | None, name: str, as_json: bool) -> None:
+    body = {"organization_id": org_id, "name": name, "team_id": team_id}
+    show(admin_client().post("/api/admin/projects", body), PROJECT_COLUMNS, as_json=as_json)
+
+
+@projects.command("list")
+@click.option("--org", "org_id", help="Only this organization's projects.")
+@click.option("--team", "team_id", help="Only this team's projects.")
+@json_option
+def project_list(org_id: str | None, team_id: str | None, as_json: bool) -> None:
+    rows = admin_client().list_all("/api/admin/projects", organization_id=org_id, team_id=team_id)
+    show(list(rows), PROJECT_COLUMNS, as_json=as_json)
+
+
+@projects.command("show")
+@click.argument("project_id")
+@json_option
+def project_show(project_id: str, as_json: bool) -> None:
+    show(admin_client().get(f"/api/admin/projects/{project_id}"), PROJECT_COLUMNS, as_json=as_json)
