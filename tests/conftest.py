@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -73,11 +74,29 @@ async def serve_in_loop(app: Litestar, base_url: str) -> AsyncIterator[httpx.Asy
     (Litestar's AsyncTestClient runs the app on a thread of its own, where it could not share
     the test's database engine, and it blocks the test's loop while a request waits.)
     """
-    async with (
-        app.lifespan(),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url) as http,
-    ):
-        yield http
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def lifespan() -> None:
+        # Entered and left in this one task: the lifespan's cancel scopes require it, and a
+        # fixture's setup and teardown may run in different tasks.
+        async with app.lifespan():
+            started.set()
+            await stop.wait()
+
+    runner = asyncio.create_task(lifespan())
+    ready = asyncio.create_task(started.wait())
+    await asyncio.wait({runner, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if runner.done():  # start-up failed: raise its error here instead of waiting forever
+        ready.cancel()
+        runner.result()
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=base_url
+        ) as http:
+            yield http
+    finally:
+        stop.set()
+        await runner
 
 
 @pytest.fixture
