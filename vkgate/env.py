@@ -54,10 +54,12 @@ class SettingError(ValueError):
 
 def check_unknown(env: Mapping[str, str]) -> None:
     """Refuse `VKGATE_*` variables that no part of vkgate reads."""
+    # Compared without the shared prefix: with it, any name looks close to some setting.
+    known = {name.removeprefix("VKGATE_"): name for name in KNOWN}
     for name in sorted(env):
         if name.startswith("VKGATE_") and name not in KNOWN:
-            close = difflib.get_close_matches(name, KNOWN, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            close = difflib.get_close_matches(name.removeprefix("VKGATE_"), list(known), n=1)
+            hint = f"; did you mean {known[close[0]]}?" if close else ""
             raise SettingError(f"{name} is not a vkgate setting{hint}")
 
 

@@ -1,0 +1,395 @@
+"""The `vkgate` admin commands, run as a user runs them against a real control plane process."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.env import ADMIN_TOKEN, secrets_env
+from tests.support.processes import clean_env, free_port, running, vkgate
+
+PROVIDER_CREDENTIAL = "sk-cli-test-credential-4f9a2c"
+ROTATED_CREDENTIAL = "sk-cli-test-credential-rotated-88b1"
+
+
+@pytest.fixture(scope="module")
+def controlplane_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One migrated control plane on SQLite, shared by this module's tests."""
+    home = tmp_path_factory.mktemp("cli-controlplane")
+    port = free_port()
+    env = clean_env(
+        **secrets_env(f"sqlite:///{home / 'controlplane.db'}"),
+        VKGATE_HOME=str(home),
+        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
+    )
+    with running(
+        ["controlplane", "--migrate"], env=env, port=port, log=home / "controlplane.log"
+    ) as service:
+        yield service.url
+
+
+@pytest.fixture
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """A shell with no vkgate settings, whose VKGATE_HOME holds no secrets file."""
+    return clean_env(VKGATE_HOME=str(tmp_path / "empty-home"))
+
+
+class Cli:
+    """`vkgate --url URL --token TOKEN …` as subprocesses."""
+
+    def __init__(self, url: str, env: dict[str, str], token: str = ADMIN_TOKEN) -> None:
+        self.url = url
+        self.env = env
+        self.token = token
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return vkgate("--url", self.url, "--token", self.token, *args, env=env or self.env)
+
+    def ok(self, *args: str, env: dict[str, str] | None = None) -> str:
+        result = self.run(*args, env=env)
+        assert result.returncode == 0, f"vkgate {' '.join(args)}:\n{result.stdout}{result.stderr}"
+        return result.stdout
+
+    def json(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        return json.loads(self.ok(*args, "--json", env=env))
+
+    def fails(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.returncode != 0, f"vkgate {' '.join(args)} succeeded:\n{result.stdout}"
+        return result.stderr
+
+
+@pytest.fixture
+def cli(controlplane_url: str, user_env: dict[str, str]) -> Cli:
+    return Cli(controlplane_url, user_env)
+
+
+def header_of(table: str) -> list[str]:
+    return table.splitlines()[0].split()
+
+
+def new_org(cli: Cli, name: str) -> str:
+    org_id: str = cli.json("orgs", "create", name)["id"]
+    return org_id
+
+
+def test_org_team_and_project_commands_create_list_and_show(cli: Cli) -> None:
+    org = cli.json("orgs", "create", "acme-structure")
+    assert org["name"] == "acme-structure" and org["id"] and org["created_at"]
+
+    listing = cli.ok("orgs", "list")
+    assert header_of(listing) == ["ID", "NAME", "CREATED_AT"]
+    assert any(line.split()[:2] == [org["id"], "acme-structure"] for line in listing.splitlines())
+    assert cli.json("orgs", "show", org["id"]) == org
+
+    team = cli.json("teams", "create", "--org", org["id"], "ml")
+    assert (team["organization_id"], team["name"]) == (org["id"], "ml")
+    teams = cli.ok("teams", "list", "--org", org["id"])
+    assert header_of(teams) == ["ID", "ORGANIZATION_ID", "NAME", "CREATED_AT"]
+    assert team["id"] in teams
+    assert cli.json("teams", "show", team["id"])["name"] == "ml"
+
+    project = cli.json("projects", "create", "--org", org["id"], "--team", team["id"], "chat")
+    assert (project["organization_id"], project["team_id"], project["name"]) == (
+        org["id"],
+        team["id"],
+        "chat",
+    )
+    loose = cli.json("projects", "create", "--org", org["id"], "batch")
+    assert loose["team_id"] is None
+    by_team = cli.json("projects", "list", "--team", team["id"])
+    assert [p["id"] for p in by_team] == [project["id"]]
+    projects = cli.ok("projects", "list", "--org", org["id"])
+    assert header_of(projects) == ["ID", "ORGANIZATION_ID", "TEAM_ID", "NAME", "CREATED_AT"]
+    assert project["id"] in projects and loose["id"] in projects
+
+    shown = cli.ok("projects", "show", project["id"])
+    assert ["team_id", team["id"]] in [line.split() for line in shown.splitlines()]
+
+
+def test_provider_commands_never_print_the_credential(cli: Cli) -> None:
+    org = new_org(cli, "acme-providers")
+    env = {**cli.env, "CLI_TEST_OPENAI_KEY": PROVIDER_CREDENTIAL}
+    added = cli.json(
+        "providers", "add", "--org", org, "--name", "openai-main", "--kind", "openai",
+        "--api-key-env", "CLI_TEST_OPENAI_KEY",
+        "--header", "OpenAI-Organization=org-cli-test",
+        "--price", "gpt-4o-mini=0.15,0.6",
+        "--price", "gpt-4o=2.5,10,1.25",
+        env=env,
+    )  # fmt: skip
+    assert added["kind"] == "openai" and added["has_api_key"] is True
+    assert added["header_names"] == ["OpenAI-Organization"]
+    assert added["price_overrides"] == {
+        "gpt-4o-mini": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"},
+        "gpt-4o": {"input_per_mtok": "2.5", "output_per_mtok": "10", "cache_read_per_mtok": "1.25"},
+    }
+
+    outputs = [
+        cli.ok("providers", "list", "--org", org),
+        cli.ok("providers", "list", "--org", org, "--json"),
+        cli.ok("providers", "show", added["id"]),
+        cli.ok("providers", "show", added["id"], "--json"),
+    ]
+    table = outputs[0]
+    assert header_of(table) == ["ID", "ORGANIZATION_ID", "NAME", "KIND", "BASE_URL", "HAS_API_KEY"]
+    assert added["id"] in table and "openai-main" in table
+
+    updated = cli.json(
+        "providers", "update", added["id"], "--name", "openai-primary",
+        "--api-key", ROTATED_CREDENTIAL,
+    )  # fmt: skip
+    assert updated["name"] == "openai-primary" and updated["has_api_key"] is True
+    outputs.append(cli.ok("providers", "show", added["id"], "--json"))
+    for output in outputs:
+        assert PROVIDER_CREDENTIAL not in output
+        assert ROTATED_CREDENTIAL not in output
+        assert "org-cli-test" not in output  # header values are credentials too
+
+    assert cli.ok("providers", "remove", added["id"]).strip() == f"removed {added['id']}"
+    assert cli.json("providers", "list", "--org", org) == []
+    assert "404 not_found" in cli.fails("providers", "show", added["id"])
+
+
+def test_policy_alias_keeps_the_fallback_chain_in_the_order_given(cli: Cli) -> None:
+    org = new_org(cli, "acme-policies")
+    first = cli.json("providers", "add", "--org", org, "--name", "first", "--kind", "mock")
+    second = cli.json(
+        "providers", "add", "--org", org, "--name", "second", "--kind", "openai_compatible",
+        "--base-url", "http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    policy = cli.json(
+        "policies", "create", "--org", org, "--name", "default",
+        "--alias", f"fast={second['id']}:llama3,{first['id']}:mock-small",
+        "--alias", f"smart={first['id']}:mock-large",
+    )  # fmt: skip
+    assert policy["aliases"] == {
+        "fast": [
+            {"provider_id": second["id"], "model": "llama3"},
+            {"provider_id": first["id"], "model": "mock-small"},
+        ],
+        "smart": [{"provider_id": first["id"], "model": "mock-large"}],
+    }
+    assert cli.json("policies", "show", policy["id"])["aliases"] == policy["aliases"]
+    listing = cli.ok("policies", "list", "--org", org)
+    assert header_of(listing) == ["ID", "ORGANIZATION_ID", "NAME", "ALIASES"]
+    assert policy["id"] in listing
+
+    # A provider a policy routes to cannot be removed from under it.
+    refused = cli.fails("providers", "remove", second["id"])
+    assert "409 conflict" in refused and "routing polic" in refused
+
+
+def test_key_lifecycle_shows_the_key_once_and_walks_every_state(cli: Cli) -> None:
+    org = new_org(cli, "acme-keys")
+    project = cli.json("projects", "create", "--org", org, "chat")["id"]
+    provider = cli.json("providers", "add", "--org", org, "--name", "demo", "--kind", "mock")["id"]
+    policy = cli.json(
+        "policies", "create", "--org", org, "--name", "default",
+        "--alias", f"fast={provider}:mock-small", "--alias", f"smart={provider}:mock-large",
+    )["id"]  # fmt: skip
+
+    created = cli.ok(
+        "keys", "create", "--project", project, "--policy", policy, "--name", "app",
+        "--rpm", "60", "--allow", "fast", "--meta", "owner=ml-team",
+    )  # fmt: skip
+    key_lines = [line for line in created.splitlines() if line.startswith("key:")]
+    assert len(key_lines) == 1 and key_lines[0].startswith("key: vk-")
+    raw_key = key_lines[0].removeprefix("key: ")
+    assert created.count(raw_key) == 1
+    assert "only time the key is shown" in created
+
+    [key] = cli.json("keys", "list", "--project", project)
+    assert key["name"] == "app" and key["status"] == "active"
+    assert key["limits"] == {"rpm": 60}
+    assert key["allowed_models"] == ["fast"]
+    assert key["metadata"] == {"owner": "ml-team"}
+    assert raw_key.startswith(key["prefix"])
+    listing = cli.ok("keys", "list", "--project", project)
+    assert header_of(listing) == [
+        "ID", "NAME", "PREFIX", "PROJECT_ID", "ROUTING_POLICY_ID", "STATUS", "EXPIRES_AT",
+    ]  # fmt: skip
+    shown = cli.ok("keys", "show", key["id"], "--json")
+    for output in (listing, shown):
+        assert raw_key not in output
+    assert json.loads(shown)["id"] == key["id"]
+
+    updated = cli.json("keys", "update", key["id"], "--tpm", "1000", "--allow", "smart")
+    assert updated["limits"] == {"tpm": 1000}  # --tpm replaces every limit of the key
+    assert updated["allowed_models"] == ["smart"]
+
+    rotated_table = cli.ok("keys", "rotate", key["id"], "--grace-seconds", "3600")
+    [new_key_line] = [line for line in rotated_table.splitlines() if line.startswith("key: ")]
+    assert new_key_line.startswith("key: vk-") and new_key_line != f"key: {raw_key}"
+    assert re.search(r"The previous key works until \d{4}-\d\d-\d\dT", rotated_table)
+    rotated = cli.json("keys", "rotate", key["id"], "--grace-seconds", "0")
+    assert rotated["key"].startswith("vk-") and f"key: {rotated['key']}" != new_key_line
+    assert rotated["previous_key_valid_until"] is not None
+
+    assert cli.json("keys", "disable", key["id"])["status"] == "disabled"
+    assert (
+        cli.json("keys", "list", "--project", project, "--status", "disabled")[0]["id"]
+        == (key["id"])
+    )
+    assert cli.json("keys", "enable", key["id"])["status"] == "active"
+    assert cli.json("keys", "revoke", key["id"])["status"] == "revoked"
+    refused = cli.fails("keys", "enable", key["id"])
+    assert "409 conflict" in refused and "revoked" in refused
+
+
+def test_budget_commands_create_list_update_and_delete(cli: Cli) -> None:
+    org = new_org(cli, "acme-budgets")
+    team = cli.json("teams", "create", "--org", org, "ml")["id"]
+    budget = cli.json(
+        "budgets", "create", "--org", org, "--scope", f"team:{team}", "--window", "month",
+        "--limit-usd", "250", "--name", "ml-monthly",
+    )  # fmt: skip
+    assert budget["scope"] == {"kind": "team", "id": team}
+    assert (budget["window"], budget["on_breach"], budget["name"]) == (
+        "month",
+        "block",
+        "ml-monthly",
+    )
+    assert budget["limit_usd"].startswith("250")
+    whole_org = cli.json(
+        "budgets", "create", "--org", org, "--scope", "organization", "--window", "day",
+        "--limit-usd", "12.50", "--on-breach", "warn",
+    )  # fmt: skip
+    assert whole_org["scope"]["kind"] == "organization"
+
+    listing = cli.ok("budgets", "list", "--org", org)
+    assert header_of(listing) == [
+        "ID", "NAME", "SCOPE", "WINDOW", "LIMIT_USD", "PROVIDER_ID", "ON_BREACH",
+    ]  # fmt: skip
+    assert budget["id"] in listing and whole_org["id"] in listing
+
+    updated = cli.json(
+        "budgets", "update", budget["id"], "--limit-usd", "300", "--on-breach", "warn"
+    )
+    assert updated["limit_usd"].startswith("300") and updated["on_breach"] == "warn"
+    assert updated["scope"] == budget["scope"]
+
+    assert cli.ok("budgets", "delete", budget["id"]).strip() == f"deleted {budget['id']}"
+    assert [b["id"] for b in cli.json("budgets", "list", "--org", org)] == [whole_org["id"]]
+    assert "404 not_found" in cli.fails("budgets", "show", budget["id"])
+
+
+def test_tokens_and_audit_log(cli: Cli) -> None:
+    created = cli.ok("tokens", "create", "--name", "finance-bot", "--role", "finance")
+    token_lines = [line for line in created.splitlines() if line.startswith("token: ")]
+    assert len(token_lines) == 1
+    finance_token = token_lines[0].removeprefix("token: ")
+    assert created.count(finance_token) == 1
+
+    tokens = cli.ok("tokens", "list")
+    assert header_of(tokens) == ["ID", "NAME", "ROLE", "PREFIX", "CREATED_AT", "REVOKED_AT"]
+    assert finance_token not in tokens
+    [row] = [t for t in cli.json("tokens", "list") if t["name"] == "finance-bot"]
+    assert row["role"] == "finance" and row["revoked_at"] is None
+
+    finance = Cli(cli.url, cli.env, token=finance_token)
+    assert isinstance(finance.json("orgs", "list"), list)  # finance may read
+    assert "403 forbidden" in finance.fails("orgs", "create", "finance-org")
+
+    revoked = cli.json("tokens", "revoke", row["id"])
+    assert revoked["revoked_at"] is not None
+    assert "401 unauthorized" in finance.fails("orgs", "list")
+
+    org = new_org(cli, "acme-audit")
+    entries = cli.json("audit", "--org", org)
+    assert [e["resource_id"] for e in entries] == [org]
+    assert entries[0]["action"] and entries[0]["actor"]
+    token_entries = cli.json("audit", "--resource", row["id"])
+    assert len(token_entries) == 2  # created, then revoked
+    assert all(finance_token not in json.dumps(e) for e in token_entries)
+    table = cli.ok("audit", "--resource", row["id"])
+    assert header_of(table) == ["ID", "AT", "ACTOR", "ACTION", "RESOURCE_ID", "DETAILS"]
+    assert org in cli.ok("audit")  # unfiltered, as in the walkthrough
+
+
+def test_url_and_token_come_from_the_environment(controlplane_url: str, tmp_path: Path) -> None:
+    env = clean_env(
+        VKGATE_HOME=str(tmp_path / "empty-home"),
+        VKGATE_CONTROLPLANE_URL=controlplane_url + "/",
+        VKGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+    )
+    created = vkgate("orgs", "create", "acme-from-env", "--json", env=env)
+    assert created.returncode == 0, created.stderr
+    org = json.loads(created.stdout)
+    shown = vkgate("orgs", "show", org["id"], "--json", env=env)
+    assert json.loads(shown.stdout) == org
+
+    # The address the control plane binds is enough to find it, too.
+    port = controlplane_url.rsplit(":", 1)[1]
+    by_addr = clean_env(
+        VKGATE_HOME=str(tmp_path / "empty-home"),
+        VKGATE_CONTROLPLANE_ADDR=f"0.0.0.0:{port}",
+        VKGATE_ADMIN_TOKEN=ADMIN_TOKEN,
+    )
+    shown = vkgate("orgs", "show", org["id"], "--json", env=by_addr)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["name"] == "acme-from-env"
+
+
+def test_api_errors_exit_nonzero_with_the_code_and_the_field(cli: Cli) -> None:
+    missing = cli.fails("keys", "create", "--project", "nope", "--policy", "nope")
+    assert "404 not_found" in missing and "(field: project_id)" in missing
+
+    org = new_org(cli, "acme-errors")
+    duplicate = cli.fails("orgs", "create", "acme-errors")
+    assert "409 conflict" in duplicate and "(field: name)" in duplicate
+
+    invalid = cli.fails(
+        "budgets", "create", "--org", org, "--scope", "organization", "--window", "day",
+        "--limit-usd", "ten dollars",
+    )  # fmt: skip
+    assert "422 validation_error" in invalid and "limit_usd" in invalid
+    assert "Traceback" not in missing + duplicate + invalid
+
+
+def test_unreachable_control_plane_is_named_in_the_error(user_env: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = vkgate("--url", url, "--token", ADMIN_TOKEN, "orgs", "list", env=user_env)
+    assert result.returncode != 0
+    assert f"cannot reach the control plane at {url}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_admin_token_says_where_to_get_one(
+    controlplane_url: str, user_env: dict[str, str]
+) -> None:
+    result = vkgate("--url", controlplane_url, "orgs", "list", env=user_env)
+    assert result.returncode != 0
+    assert "no admin token" in result.stderr and "VKGATE_ADMIN_TOKEN" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["policies", "create", "--org", "o", "--name", "p", "--alias", "fast"], "--alias"),
+        (["policies", "create", "--org", "o", "--name", "p", "--alias", "fast=prov"], "--alias"),
+        (["providers", "add", "--org", "o", "--name", "n", "--kind", "mock", "--header", "X"], "--header"),
+        (["providers", "add", "--org", "o", "--name", "n", "--kind", "mock", "--price", "m=1"], "--price"),
+        (["budgets", "create", "--org", "o", "--scope", "galaxy:1", "--window", "day", "--limit-usd", "1"], "--scope"),
+        (["keys", "create", "--project", "p", "--policy", "r", "--meta", "owner"], "--meta"),
+        (["providers", "add", "--org", "o", "--name", "n", "--kind", "openai", "--api-key-env", "CLI_TEST_UNSET_CREDENTIAL_VAR"], "--api-key-env"),
+    ],
+    ids=["alias-without-chain", "alias-without-model", "header", "price", "scope", "meta", "api-key-env-unset"],
+)  # fmt: skip
+def test_malformed_option_is_a_usage_error_naming_the_option(
+    args: list[str], option: str, user_env: dict[str, str]
+) -> None:
+    # No control plane is needed: the option is refused before anything is sent.
+    url = f"http://127.0.0.1:{free_port()}"
+    result = vkgate("--url", url, "--token", ADMIN_TOKEN, *args, env=user_env)
+    assert result.returncode == 2, result.stderr
+    assert f"Invalid value for {option}:" in result.stderr
+    assert "cannot reach" not in result.stderr
