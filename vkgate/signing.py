@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from enum import StrEnum
 
 TIMESTAMP_HEADER = "X-Vkgate-Timestamp"
 SIGNATURE_HEADER = "X-Vkgate-Signature"
 MAX_SKEW_SECONDS = 300
+# Checked before any arithmetic or comparison: `int()` takes "1_7" and 400-digit numbers (which
+# overflow float arithmetic), and `compare_digest` raises on non-ASCII text. Either would turn a
+# forged header into a 500 instead of a 401.
+_TIMESTAMP = re.compile(r"[0-9]{1,15}")
+_SIGNATURE = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class SignatureProblem(StrEnum):
@@ -53,10 +59,9 @@ def verify(
     """None when the request is authentic and fresh, else what is wrong with it."""
     if not timestamp or not signature:
         return SignatureProblem.MISSING
-    try:
-        sent_at = int(timestamp)
-    except ValueError:
+    if not _TIMESTAMP.fullmatch(timestamp) or not _SIGNATURE.fullmatch(signature):
         return SignatureProblem.MALFORMED
+    sent_at = int(timestamp)
     if abs(now - sent_at) > MAX_SKEW_SECONDS:
         return SignatureProblem.SKEW
     expected = sign(secret, method, path_and_query, sent_at, body)
