@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
+from typing import Any
 
-from litestar import Litestar, MediaType, Response, Router, get
+from litestar import Litestar, MediaType, Request, Response, Router, get
 from litestar.config.app import AppConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
@@ -16,7 +18,7 @@ import vkgate
 from controlplane.auth import require_admin_token
 from controlplane.budgets.routes import BudgetController
 from controlplane.db import Database, create_engine, is_sqlite
-from controlplane.errors import EXCEPTION_HANDLERS
+from controlplane.errors import EXCEPTION_HANDLERS, ApiError
 from controlplane.feed.listener import PostgresFeedListener
 from controlplane.feed.service import FeedNotifier
 from controlplane.internal.routes import internal_router
@@ -31,6 +33,7 @@ from controlplane.settings import ControlPlaneSettings
 from controlplane.state import AppState
 from controlplane.tokens.routes import AdminTokenController, audit_log
 from vkgate.clock import Clock, SystemClock
+from vkgate.errors import ErrorCode
 
 log = logging.getLogger("vkgate.controlplane")
 
@@ -64,7 +67,14 @@ async def readyz(vk: Vk) -> Response[dict[str, str]]:
 
 
 @get("/metrics", include_in_schema=False, media_type=MediaType.TEXT)
-async def metrics(vk: Vk) -> bytes:
+async def metrics(vk: Vk, request: Request[Any, Any, Any]) -> bytes:
+    wanted = vk.settings.metrics_token
+    if wanted is not None:
+        presented = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(presented.encode(), wanted.encode()):
+            raise ApiError(
+                ErrorCode.UNAUTHORIZED, "metrics need Authorization: Bearer <VKGATE_METRICS_TOKEN>"
+            )
     return vk.metrics.render()
 
 

@@ -22,6 +22,8 @@ class ControlPlaneSettings:
     key_pepper: str
     encryption_key: bytes
     admin_token: str | None
+    metrics_token: str | None = None
+    """When set, GET /metrics needs `Authorization: Bearer <it>`."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     feed_poll_interval_s: float = 2.0
     """How often a waiting long-poll re-reads the feed, for writes made by another replica."""
@@ -51,6 +53,7 @@ class ControlPlaneSettings:
             key_pepper=E.secret(env, "VKGATE_KEY_PEPPER"),
             encryption_key=E.encryption_key(env, "VKGATE_ENCRYPTION_KEY"),
             admin_token=admin_token,
+            metrics_token=E.string(env, "VKGATE_METRICS_TOKEN"),
             max_body_bytes=E.integer(
                 env, "VKGATE_CONTROLPLANE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024
             ),

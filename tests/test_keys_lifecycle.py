@@ -183,6 +183,17 @@ async def test_patch_changes_only_the_fields_it_names(
     assert await get_key(client, key["id"]) == patched
 
 
+async def test_patch_that_changes_nothing_records_no_event_and_keeps_the_revision(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    key = await create_key(client, world, name="same", limits={"rpm": 10})
+    for body in ({}, {"name": "same"}, {"limits": {"rpm": 10}}):
+        response = await client.patch(f"{KEYS}/{key['id']}", json=body, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        assert response.json()["revision"] == key["revision"]
+    assert [e["kind"] for e in await key_events(internal, key["id"])] == ["VK_CREATED"]
+
+
 async def test_patch_with_null_clears_allowed_models_limits_expiry_and_metadata(
     client: httpx.AsyncClient, world: World, clock: ManualClock
 ) -> None:

@@ -48,9 +48,17 @@ async def config(vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> Respons
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
     digest = hmac.new(vk.settings.internal_secret.encode(), body, hashlib.sha256).hexdigest()
     etag = f'"{digest[:32]}"'
-    if request.headers.get("if-none-match") == etag:
+    if _matches(request.headers.get("if-none-match"), etag):
         return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
     return Response(body, media_type=JSON, headers={"ETag": etag, "Cache-Control": "no-store"})
+
+
+def _matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 weak comparison against a list of tags, or `*`."""
+    if not if_none_match:
+        return False
+    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return "*" in tags or etag in tags
 
 
 @get("/changes")

@@ -107,36 +107,40 @@ async def create(tx: Tx, hasher: Hasher, data: KeyCreate) -> tuple[VirtualKey, s
 
 
 async def update(tx: Tx, vk_id: str, data: KeyUpdate) -> VirtualKey:
+    """Apply the fields given; a PATCH that changes nothing records nothing and wakes no proxy."""
     row = await _mutable(tx, vk_id)
-    fields: list[str] = []
-    if data.name is not msgspec.UNSET and data.name != row.name:
-        await _check_name_free(tx, row.project_id, data.name, other_than=row.id)
-        row.name = data.name
-        fields.append("name")
-    policy_id = row.routing_policy_id
-    if data.routing_policy_id is not msgspec.UNSET:
-        policy_id = data.routing_policy_id
-        fields.append("routing_policy_id")
-    allowed = row.allowed_models if data.allowed_models is msgspec.UNSET else data.allowed_models
-    if data.allowed_models is not msgspec.UNSET:
-        fields.append("allowed_models")
-    if policy_id is None:
+
+    def given(value: Any, current: Any) -> Any:
+        return current if value is msgspec.UNSET else value
+
+    wanted: dict[str, Any] = {
+        "name": given(data.name, row.name),
+        "routing_policy_id": given(data.routing_policy_id, row.routing_policy_id),
+        "allowed_models": given(data.allowed_models, row.allowed_models),
+        "limits": row.limits
+        if data.limits is msgspec.UNSET
+        else (msgspec.to_builtins(data.limits) if data.limits else {}),
+        "expires_at": given(data.expires_at, row.expires_at),
+        "metadata_": row.metadata_ if data.metadata is msgspec.UNSET else (data.metadata or {}),
+    }
+    changed = [field for field, value in wanted.items() if value != getattr(row, field)]
+    if not changed:
+        return row
+    if "name" in changed:
+        await _check_name_free(tx, row.project_id, wanted["name"], other_than=row.id)
+    if wanted["routing_policy_id"] is None:
         raise invalid(
             "the key has no routing policy; set routing_policy_id", param="routing_policy_id"
         )
-    _check_allowed(allowed, await _policy_aliases(tx, policy_id, row.organization_id))
-    row.routing_policy_id, row.allowed_models = policy_id, allowed
-    if data.limits is not msgspec.UNSET:
-        row.limits = msgspec.to_builtins(data.limits) if data.limits else {}
-        fields.append("limits")
-    if data.expires_at is not msgspec.UNSET:
-        _check_future(tx, data.expires_at)
-        row.expires_at = data.expires_at
-        fields.append("expires_at")
-    if data.metadata is not msgspec.UNSET:
-        row.metadata_ = data.metadata or {}
-        fields.append("metadata")
+    if {"routing_policy_id", "allowed_models"} & set(changed):
+        aliases = await _policy_aliases(tx, wanted["routing_policy_id"], row.organization_id)
+        _check_allowed(wanted["allowed_models"], aliases)
+    if "expires_at" in changed:
+        _check_future(tx, wanted["expires_at"])
+    for field in changed:
+        setattr(row, field, wanted[field])
     row.updated_at = tx.clock.now()
+    fields = [f.rstrip("_") for f in changed]
     await _changed(tx, row, EventKind.VK_CONFIG_UPDATED, "virtual_key.update", {"fields": fields})
     return row
 
