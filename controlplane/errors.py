@@ -78,6 +78,9 @@ def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Respo
     first = extra[0] if isinstance(extra[0], dict) else {}
     message = str(first.get("message", exc.detail))
     key = str(first.get("key", "")) or None
+    if key == "data" and message == "'data'":
+        # Litestar reports an empty body as a KeyError on `data`: no JSON at all, so a 400.
+        return render(ApiError(ErrorCode.INVALID_REQUEST, "a JSON request body is required"))
     if key == "data":
         key = None
     named = _BACKTICKED.search(message)

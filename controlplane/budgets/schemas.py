@@ -9,7 +9,8 @@ import msgspec
 
 from controlplane.schemas import Ident, Name
 
-Usd = Annotated[str, msgspec.Meta(pattern=r"^\d{1,12}(\.\d{1,9})?$", description="USD, decimal")]
+# At most 9 integer digits: the limit is stored as int64 nano-USD, which ends near 9.2e9 USD.
+Usd = Annotated[str, msgspec.Meta(pattern=r"^\d{1,9}(\.\d{1,9})?$", description="USD, decimal")]
 
 
 class ScopeKind(StrEnum):

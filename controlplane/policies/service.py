@@ -7,7 +7,7 @@ from collections import defaultdict
 import msgspec
 from sqlalchemy import delete, func, select, update
 
-from controlplane.errors import conflict, invalid
+from controlplane.errors import conflict, invalid, not_found
 from controlplane.models import Organization, Provider, RoutingPolicy, RoutingTarget, VirtualKey
 from controlplane.policies.schemas import PolicyCreate, PolicyUpdate, Target
 from controlplane.security import new_id
@@ -40,7 +40,7 @@ async def _write_targets(tx: Tx, policy: RoutingPolicy, aliases: dict[str, list[
             where = f"aliases.{alias}[{position}].provider_id"
             owner = found.get(target.provider_id)
             if owner is None:
-                raise invalid(f"provider {target.provider_id!r} does not exist", param=where)
+                raise not_found("provider", target.provider_id, param=where)
             if owner != policy.organization_id:
                 raise invalid(
                     f"provider {target.provider_id!r} belongs to another organization", param=where

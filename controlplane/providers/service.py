@@ -34,7 +34,10 @@ def _check_kind_rules(
     """The base URL to store, or a 422 naming what this kind of provider is missing."""
     if kind is ProviderKind.MOCK:
         if base_url is not None or has_api_key:
-            raise invalid("a mock provider takes no base_url and no api_key", param="kind")
+            raise invalid(
+                "a mock provider takes no base_url and no api_key",
+                param="base_url" if base_url is not None else "api_key",
+            )
         return None
     if kind in NEEDS_BASE_URL and base_url is None:
         raise invalid(f"provider kind {kind} needs base_url", param="base_url")
