@@ -57,11 +57,17 @@ async def page(
     *,
     limit: int | None,
     cursor: str | None,
+    numeric: bool = False,
 ) -> tuple[Sequence[Any], str | None]:
-    """Rows ordered by `key` after `cursor`, and the cursor of the next page if there is one."""
+    """Rows ordered by `key` after `cursor`, and the cursor of the next page if there is one.
+
+    `numeric` for an integer key, whose cursor is its decimal text.
+    """
     size = page_size(limit)
     if cursor:
-        query = query.where(key > cursor)
+        if numeric and not cursor.isdigit():
+            raise invalid("cursor must be a cursor this route returned", param="cursor")
+        query = query.where(key > (int(cursor) if numeric else cursor))
     rows = list(await tx.session.scalars(query.order_by(key).limit(size + 1)))
     if len(rows) > size:
         rows = rows[:size]

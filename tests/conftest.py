@@ -150,9 +150,7 @@ class World:
     key: str
 
 
-async def _post(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any]
-) -> dict[str, Any]:
+async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await client.post(path, json=body, headers=ADMIN)
     assert response.status_code == 201, response.text
     result: dict[str, Any] = response.json()

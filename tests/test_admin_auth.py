@@ -6,14 +6,12 @@ from typing import Any
 
 import httpx
 import pytest
-from litestar import Litestar
-from litestar.testing import AsyncTestClient
 
 from tests.conftest import ADMIN, World
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN
 
-Client = AsyncTestClient[Litestar]
+Client = httpx.AsyncClient
 TOKENS = "/api/admin/tokens"
 AUDIT = "/api/admin/audit-log"
 ORGS = "/api/admin/organizations"

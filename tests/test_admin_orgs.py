@@ -6,13 +6,11 @@ from typing import Any
 
 import httpx
 import pytest
-from litestar import Litestar
-from litestar.testing import AsyncTestClient
 
 from tests.conftest import ADMIN, World
 from tests.support.clock import ManualClock
 
-Client = AsyncTestClient[Litestar]
+Client = httpx.AsyncClient
 ORGS = "/api/admin/organizations"
 TEAMS = "/api/admin/teams"
 PROJECTS = "/api/admin/projects"

@@ -6,13 +6,11 @@ from typing import Any
 
 import httpx
 import pytest
-from litestar import Litestar
-from litestar.testing import AsyncTestClient
 
 from tests.conftest import ADMIN, Internal, World
 from tests.support.clock import ManualClock
 
-Client = AsyncTestClient[Litestar]
+Client = httpx.AsyncClient
 POLICIES = "/api/admin/routing-policies"
 PROVIDERS = "/api/admin/providers"
 KEYS = "/api/admin/virtual-keys"
@@ -440,3 +438,36 @@ async def test_policy_changes_are_audited(client: Client, world: World) -> None:
     ]
     assert [e["details"]["name"] for e in entries] == ["default", "renamed", "renamed"]
     assert {e["resource_kind"] for e in entries} == {"routing_policy"}
+
+
+async def test_patch_refuses_to_drop_an_alias_a_live_key_allows(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    key = await client.post(
+        "/api/admin/virtual-keys",
+        json={
+            "project_id": world.project,
+            "name": "narrow",
+            "routing_policy_id": world.policy,
+            "allowed_models": ["fast"],
+        },
+        headers=ADMIN,
+    )
+    assert key.status_code == 201, key.text
+    chain = [{"provider_id": world.provider, "model": "gpt-4o"}]
+    refused = await client.patch(
+        f"/api/admin/routing-policies/{world.policy}",
+        json={"aliases": {"big": chain}},
+        headers=ADMIN,
+    )
+    assert refused.status_code == 409
+    assert refused.json()["error"]["param"] == "aliases"
+    assert key.json()["id"] in refused.json()["error"]["message"]
+    revoked = await client.post(f"/api/admin/virtual-keys/{key.json()['id']}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200
+    accepted = await client.patch(
+        f"/api/admin/routing-policies/{world.policy}",
+        json={"aliases": {"big": chain}},
+        headers=ADMIN,
+    )
+    assert accepted.status_code == 200, accepted.text

@@ -6,8 +6,6 @@ from typing import Any
 
 import httpx
 import pytest
-from litestar import Litestar
-from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 
 from controlplane.db import Database
@@ -18,7 +16,7 @@ from controlplane.settings import ControlPlaneSettings
 from tests.conftest import ADMIN, Internal, World
 from tests.support.clock import ManualClock
 
-Client = AsyncTestClient[Litestar]
+Client = httpx.AsyncClient
 PROVIDERS = "/api/admin/providers"
 POLICIES = "/api/admin/routing-policies"
 BUDGETS = "/api/admin/budgets"

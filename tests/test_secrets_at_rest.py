@@ -7,9 +7,8 @@ import json
 import logging
 from typing import Any
 
+import httpx
 import pytest
-from litestar import Litestar
-from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 
 from controlplane.db import Database
@@ -21,7 +20,7 @@ from tests.conftest import ADMIN, Internal
 from tests.support.env import ADMIN_TOKEN
 from vkgate.keys import key_sha256
 
-Client = AsyncTestClient[Litestar]
+Client = httpx.AsyncClient
 OPENAI_CREDENTIAL = "sk-at-rest-openai-credential-9f3a71c2"
 VLLM_CREDENTIAL = "sk-at-rest-vllm-credential-2b8e04d5"
 ROTATED_CREDENTIAL = "sk-at-rest-rotated-credential-c61f9a0e"

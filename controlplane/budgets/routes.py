@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, delete, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
 from controlplane.budgets import service
@@ -42,7 +43,7 @@ class BudgetController(Controller):
 
     @post("/")
     async def create(
-        self, data: BudgetCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[BudgetCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> BudgetRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create(tx, data)
@@ -52,9 +53,9 @@ class BudgetController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[BudgetRead]:
         query = select(Budget)
         if organization_id is not None:
@@ -64,20 +65,26 @@ class BudgetController(Controller):
         return Page([budget_read(r) for r in rows], next_cursor)
 
     @get("/{budget_id:str}")
-    async def get_one(self, budget_id: str, vk: Vk) -> BudgetRead:
+    async def get_one(self, budget_id: FromPath[str], vk: Vk) -> BudgetRead:
         async with vk.read() as tx:
             row = await tx.get(Budget, budget_id, "budget")
         return budget_read(row)
 
     @patch("/{budget_id:str}")
     async def update(
-        self, budget_id: str, data: BudgetUpdate, vk: Vk, request: Request[Any, Any, Any]
+        self,
+        budget_id: FromPath[str],
+        data: JSONBody[BudgetUpdate],
+        vk: Vk,
+        request: Request[Any, Any, Any],
     ) -> BudgetRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.update(tx, budget_id, data)
         return budget_read(row)
 
     @delete("/{budget_id:str}")
-    async def remove(self, budget_id: str, vk: Vk, request: Request[Any, Any, Any]) -> None:
+    async def remove(
+        self, budget_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> None:
         async with vk.write(actor_id(request)) as tx:
             await service.delete(tx, budget_id)

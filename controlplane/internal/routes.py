@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, Router, get, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT, HTTP_304_NOT_MODIFIED
 
 import vkgate
@@ -36,13 +37,13 @@ JSON = "application/json"
 
 
 @post("/resolve-key", status_code=HTTP_200_OK)
-async def resolve_key(data: ResolveKeyRequest, vk: Vk) -> ResolveKeyResponse:
+async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyResponse:
     async with vk.read() as tx:
         return await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
 
 
 @get("/config/{vk_id:str}")
-async def config(vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
+async def config(vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
     async with vk.read() as tx:
         body = msgspec.json.encode(await bundle.build(tx, vk.cipher, vk_id))
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
@@ -64,9 +65,9 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
 @get("/changes")
 async def changes(
     vk: Vk,
-    since: int = 0,
-    organization_id: str | None = None,
-    timeout_s: float = CHANGES_DEFAULT_TIMEOUT_S,
+    since: FromQuery[int] = 0,
+    organization_id: FromQuery[str | None] = None,
+    timeout_s: FromQuery[float] = CHANGES_DEFAULT_TIMEOUT_S,
 ) -> Response[bytes]:
     """Events after `since`, or 204 once `timeout_s` passes with none.
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK
 from sqlalchemy import select
 
@@ -83,7 +84,7 @@ class VirtualKeyController(Controller):
 
     @post("/")
     async def create(
-        self, data: KeyCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[KeyCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> KeyWithSecret:
         async with vk.write(actor_id(request)) as tx:
             row, key = await service.create(tx, vk.hasher, data)
@@ -93,11 +94,11 @@ class VirtualKeyController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        project_id: str | None = None,
-        status: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        project_id: FromQuery[str | None] = None,
+        status: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[KeyRead]:
         query = select(VirtualKey)
         if organization_id is not None:
@@ -111,13 +112,17 @@ class VirtualKeyController(Controller):
             return Page(await key_reads(tx, list(rows)), next_cursor)
 
     @get("/{vk_id:str}")
-    async def get_one(self, vk_id: str, vk: Vk) -> KeyRead:
+    async def get_one(self, vk_id: FromPath[str], vk: Vk) -> KeyRead:
         async with vk.read() as tx:
             return await key_read(tx, await tx.get(VirtualKey, vk_id, "virtual key"))
 
     @patch("/{vk_id:str}")
     async def update(
-        self, vk_id: str, data: KeyUpdate, vk: Vk, request: Request[Any, Any, Any]
+        self,
+        vk_id: FromPath[str],
+        data: JSONBody[KeyUpdate],
+        vk: Vk,
+        request: Request[Any, Any, Any],
     ) -> KeyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.update(tx, vk_id, data)
@@ -127,10 +132,10 @@ class VirtualKeyController(Controller):
     @post("/{vk_id:str}/rotate", status_code=HTTP_200_OK)
     async def rotate(
         self,
-        vk_id: str,
+        vk_id: FromPath[str],
         vk: Vk,
         request: Request[Any, Any, Any],
-        data: KeyRotate | None = None,
+        data: JSONBody[KeyRotate | None] = None,
     ) -> KeyWithSecret:
         grace = (data or KeyRotate()).grace_seconds
         async with vk.write(actor_id(request)) as tx:
@@ -138,21 +143,27 @@ class VirtualKeyController(Controller):
             return await with_secret(tx, row, key, valid_until)
 
     @post("/{vk_id:str}/revoke", status_code=HTTP_200_OK)
-    async def revoke(self, vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> KeyRead:
+    async def revoke(
+        self, vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> KeyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.revoke(tx, vk_id)
             await tx.session.flush()
             return await key_read(tx, row)
 
     @post("/{vk_id:str}/disable", status_code=HTTP_200_OK)
-    async def disable(self, vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> KeyRead:
+    async def disable(
+        self, vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> KeyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.set_enabled(tx, vk_id, enabled=False)
             await tx.session.flush()
             return await key_read(tx, row)
 
     @post("/{vk_id:str}/enable", status_code=HTTP_200_OK)
-    async def enable(self, vk_id: str, vk: Vk, request: Request[Any, Any, Any]) -> KeyRead:
+    async def enable(
+        self, vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> KeyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.set_enabled(tx, vk_id, enabled=True)
             await tx.session.flush()

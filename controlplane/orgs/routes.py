@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, get, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
 from controlplane.models import Organization, Project, Team
@@ -50,7 +51,7 @@ class OrganizationController(Controller):
 
     @post("/")
     async def create(
-        self, data: OrganizationCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[OrganizationCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> OrganizationRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create_organization(tx, name=data.name)
@@ -58,7 +59,7 @@ class OrganizationController(Controller):
 
     @get("/")
     async def list_all(
-        self, vk: Vk, limit: int | None = None, cursor: str | None = None
+        self, vk: Vk, limit: FromQuery[int | None] = None, cursor: FromQuery[str | None] = None
     ) -> Page[OrganizationRead]:
         async with vk.read() as tx:
             rows, next_cursor = await page(
@@ -67,7 +68,7 @@ class OrganizationController(Controller):
         return Page([organization_read(r) for r in rows], next_cursor)
 
     @get("/{organization_id:str}")
-    async def get_one(self, organization_id: str, vk: Vk) -> OrganizationRead:
+    async def get_one(self, organization_id: FromPath[str], vk: Vk) -> OrganizationRead:
         async with vk.read() as tx:
             row = await tx.get(Organization, organization_id, "organization")
         return organization_read(row)
@@ -78,7 +79,9 @@ class TeamController(Controller):
     tags = ["teams"]
 
     @post("/")
-    async def create(self, data: TeamCreate, vk: Vk, request: Request[Any, Any, Any]) -> TeamRead:
+    async def create(
+        self, data: JSONBody[TeamCreate], vk: Vk, request: Request[Any, Any, Any]
+    ) -> TeamRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create_team(
                 tx, organization_id=data.organization_id, name=data.name
@@ -89,9 +92,9 @@ class TeamController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[TeamRead]:
         query = select(Team)
         if organization_id is not None:
@@ -101,7 +104,7 @@ class TeamController(Controller):
         return Page([team_read(r) for r in rows], next_cursor)
 
     @get("/{team_id:str}")
-    async def get_one(self, team_id: str, vk: Vk) -> TeamRead:
+    async def get_one(self, team_id: FromPath[str], vk: Vk) -> TeamRead:
         async with vk.read() as tx:
             row = await tx.get(Team, team_id, "team")
         return team_read(row)
@@ -113,7 +116,7 @@ class ProjectController(Controller):
 
     @post("/")
     async def create(
-        self, data: ProjectCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[ProjectCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> ProjectRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create_project(
@@ -125,10 +128,10 @@ class ProjectController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        team_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        team_id: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[ProjectRead]:
         query = select(Project)
         if organization_id is not None:
@@ -140,7 +143,7 @@ class ProjectController(Controller):
         return Page([project_read(r) for r in rows], next_cursor)
 
     @get("/{project_id:str}")
-    async def get_one(self, project_id: str, vk: Vk) -> ProjectRead:
+    async def get_one(self, project_id: FromPath[str], vk: Vk) -> ProjectRead:
         async with vk.read() as tx:
             row = await tx.get(Project, project_id, "project")
         return project_read(row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, delete, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
 from controlplane.models import RoutingPolicy
@@ -32,7 +33,7 @@ class RoutingPolicyController(Controller):
 
     @post("/")
     async def create(
-        self, data: PolicyCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[PolicyCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> PolicyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create(tx, data)
@@ -43,9 +44,9 @@ class RoutingPolicyController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[PolicyRead]:
         query = select(RoutingPolicy)
         if organization_id is not None:
@@ -55,14 +56,18 @@ class RoutingPolicyController(Controller):
             return Page([await policy_read(tx, r) for r in rows], next_cursor)
 
     @get("/{policy_id:str}")
-    async def get_one(self, policy_id: str, vk: Vk) -> PolicyRead:
+    async def get_one(self, policy_id: FromPath[str], vk: Vk) -> PolicyRead:
         async with vk.read() as tx:
             row = await tx.get(RoutingPolicy, policy_id, "routing policy")
             return await policy_read(tx, row)
 
     @patch("/{policy_id:str}")
     async def update(
-        self, policy_id: str, data: PolicyUpdate, vk: Vk, request: Request[Any, Any, Any]
+        self,
+        policy_id: FromPath[str],
+        data: JSONBody[PolicyUpdate],
+        vk: Vk,
+        request: Request[Any, Any, Any],
     ) -> PolicyRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.update_policy(tx, policy_id, data)
@@ -70,6 +75,8 @@ class RoutingPolicyController(Controller):
             return await policy_read(tx, row)
 
     @delete("/{policy_id:str}")
-    async def remove(self, policy_id: str, vk: Vk, request: Request[Any, Any, Any]) -> None:
+    async def remove(
+        self, policy_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> None:
         async with vk.write(actor_id(request)) as tx:
             await service.delete_policy(tx, policy_id)

@@ -96,11 +96,29 @@ async def update_policy(tx: Tx, policy_id: str, data: PolicyUpdate) -> RoutingPo
         await _check_name_free(tx, policy.organization_id, data.name, other_than=policy.id)
         policy.name = data.name
     if data.aliases is not msgspec.UNSET:
+        await _check_aliases_kept(tx, policy.id, set(data.aliases))
         await tx.session.execute(delete(RoutingTarget).where(RoutingTarget.policy_id == policy.id))
         await _write_targets(tx, policy, data.aliases)
     policy.updated_at = tx.clock.now()
     await _record(tx, policy, EventKind.ROUTING_POLICY_UPDATED, "routing_policy.update")
     return policy
+
+
+async def _check_aliases_kept(tx: Tx, policy_id: str, aliases: set[str]) -> None:
+    """409 when a live key's allowed_models names an alias the new aliases drop."""
+    keys = await tx.session.scalars(
+        select(VirtualKey).where(
+            VirtualKey.routing_policy_id == policy_id, VirtualKey.status != REVOKED
+        )
+    )
+    for key in keys:
+        dropped = sorted(set(key.allowed_models or ()) - aliases)
+        if dropped:
+            raise conflict(
+                f"virtual key {key.id!r} allows {', '.join(dropped)}, which the new aliases "
+                "drop; update the key's allowed_models first",
+                param="aliases",
+            )
 
 
 async def delete_policy(tx: Tx, policy_id: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, patch, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
 from controlplane.models import Provider
@@ -42,7 +43,7 @@ class ProviderController(Controller):
 
     @post("/")
     async def create(
-        self, data: ProviderCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[ProviderCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> ProviderRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.create(tx, vk.cipher, data)
@@ -52,9 +53,9 @@ class ProviderController(Controller):
     async def list_all(
         self,
         vk: Vk,
-        organization_id: str | None = None,
-        limit: int | None = None,
-        cursor: str | None = None,
+        organization_id: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        cursor: FromQuery[str | None] = None,
     ) -> Page[ProviderRead]:
         query = select(Provider)
         if organization_id is not None:
@@ -64,20 +65,26 @@ class ProviderController(Controller):
         return Page([provider_read(r) for r in rows], next_cursor)
 
     @get("/{provider_id:str}")
-    async def get_one(self, provider_id: str, vk: Vk) -> ProviderRead:
+    async def get_one(self, provider_id: FromPath[str], vk: Vk) -> ProviderRead:
         async with vk.read() as tx:
             row = await tx.get(Provider, provider_id, "provider")
         return provider_read(row)
 
     @patch("/{provider_id:str}")
     async def update(
-        self, provider_id: str, data: ProviderUpdate, vk: Vk, request: Request[Any, Any, Any]
+        self,
+        provider_id: FromPath[str],
+        data: JSONBody[ProviderUpdate],
+        vk: Vk,
+        request: Request[Any, Any, Any],
     ) -> ProviderRead:
         async with vk.write(actor_id(request)) as tx:
             row = await service.update(tx, vk.cipher, provider_id, data)
         return provider_read(row)
 
     @delete("/{provider_id:str}")
-    async def remove(self, provider_id: str, vk: Vk, request: Request[Any, Any, Any]) -> None:
+    async def remove(
+        self, provider_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> None:
         async with vk.write(actor_id(request)) as tx:
             await service.delete(tx, provider_id)

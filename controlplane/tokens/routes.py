@@ -6,13 +6,14 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, get, post
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK
 from sqlalchemy import select
 
 from controlplane.auth import Role
-from controlplane.errors import conflict, invalid
+from controlplane.errors import conflict
 from controlplane.models import AdminToken, AuditEntry
-from controlplane.schemas import Name, Page, Vk, actor_id, page, page_size
+from controlplane.schemas import Name, Page, Vk, actor_id, page
 from controlplane.security import new_admin_token, new_id
 from vkgate.clock import rfc3339
 from vkgate.keys import display_prefix
@@ -47,6 +48,19 @@ class AuditRead(msgspec.Struct):
     details: dict[str, Any]
 
 
+def audit_read(row: AuditEntry) -> AuditRead:
+    return AuditRead(
+        id=row.id,
+        at=rfc3339(row.at),
+        actor=row.actor,
+        action=row.action,
+        resource_kind=row.resource_kind,
+        resource_id=row.resource_id,
+        organization_id=row.organization_id,
+        details=row.details,
+    )
+
+
 def token_read(row: AdminToken) -> TokenRead:
     return TokenRead(
         id=row.id,
@@ -65,7 +79,7 @@ class AdminTokenController(Controller):
 
     @post("/")
     async def create(
-        self, data: TokenCreate, vk: Vk, request: Request[Any, Any, Any]
+        self, data: JSONBody[TokenCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> TokenWithSecret:
         token = new_admin_token()
         async with vk.write(actor_id(request)) as tx:
@@ -86,7 +100,7 @@ class AdminTokenController(Controller):
 
     @get("/")
     async def list_all(
-        self, vk: Vk, limit: int | None = None, cursor: str | None = None
+        self, vk: Vk, limit: FromQuery[int | None] = None, cursor: FromQuery[str | None] = None
     ) -> Page[TokenRead]:
         async with vk.read() as tx:
             rows, next_cursor = await page(
@@ -95,7 +109,9 @@ class AdminTokenController(Controller):
         return Page([token_read(r) for r in rows], next_cursor)
 
     @post("/{token_id:str}/revoke", status_code=HTTP_200_OK)
-    async def revoke(self, token_id: str, vk: Vk, request: Request[Any, Any, Any]) -> TokenRead:
+    async def revoke(
+        self, token_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
+    ) -> TokenRead:
         async with vk.write(actor_id(request)) as tx:
             row = await tx.get(AdminToken, token_id, "admin token")
             if row.revoked_at is None:
@@ -107,38 +123,19 @@ class AdminTokenController(Controller):
 @get("/api/admin/audit-log", tags=["audit log"])
 async def audit_log(
     vk: Vk,
-    organization_id: str | None = None,
-    resource_id: str | None = None,
-    limit: int | None = None,
-    cursor: str | None = None,
+    organization_id: FromQuery[str | None] = None,
+    resource_id: FromQuery[str | None] = None,
+    limit: FromQuery[int | None] = None,
+    cursor: FromQuery[str | None] = None,
 ) -> Page[AuditRead]:
     """Oldest first; `next_cursor` continues after the last entry shown."""
-    size = page_size(limit)
     query = select(AuditEntry)
     if organization_id is not None:
         query = query.where(AuditEntry.organization_id == organization_id)
     if resource_id is not None:
         query = query.where(AuditEntry.resource_id == resource_id)
-    if cursor:
-        if not cursor.isdigit():
-            raise invalid("cursor must be a cursor this route returned", param="cursor")
-        query = query.where(AuditEntry.id > int(cursor))
     async with vk.read() as tx:
-        rows = list(await tx.session.scalars(query.order_by(AuditEntry.id).limit(size + 1)))
-    next_cursor = str(rows[size - 1].id) if len(rows) > size else None
-    return Page(
-        [
-            AuditRead(
-                id=r.id,
-                at=rfc3339(r.at),
-                actor=r.actor,
-                action=r.action,
-                resource_kind=r.resource_kind,
-                resource_id=r.resource_id,
-                organization_id=r.organization_id,
-                details=r.details,
-            )
-            for r in rows[:size]
-        ],
-        next_cursor,
-    )
+        rows, next_cursor = await page(
+            tx, query, AuditEntry.id, limit=limit, cursor=cursor, numeric=True
+        )
+    return Page([audit_read(r) for r in rows], next_cursor)
