@@ -50,6 +50,14 @@ def page_size(limit: int | None) -> int:
     return limit
 
 
+def filtered(query: Select[Any], filters: dict[InstrumentedAttribute[Any], Any]) -> Select[Any]:
+    """`query` narrowed to rows whose column equals each wanted value that was given."""
+    for column, value in filters.items():
+        if value is not None:
+            query = query.where(column == value)
+    return query
+
+
 async def page(
     tx: Tx,
     query: Select[Any],

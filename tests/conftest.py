@@ -18,11 +18,10 @@ from controlplane.db import Database, create_engine
 from controlplane.migrate import upgrade
 from controlplane.settings import ControlPlaneSettings
 from tests.support import databases
+from tests.support.api import create
 from tests.support.clock import ManualClock
-from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET, secrets_env
+from tests.support.env import INTERNAL_SECRET, secrets_env
 from vkgate import signing
-
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture(scope="session", params=databases.backends())
@@ -150,24 +149,17 @@ class World:
     key: str
 
 
-async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=ADMIN)
-    assert response.status_code == 201, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
 @pytest.fixture
 async def world(client: httpx.AsyncClient) -> World:
-    org = (await _post(client, "/api/admin/organizations", {"name": "acme"}))["id"]
-    team = (await _post(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
+    org = (await create(client, "/api/admin/organizations", {"name": "acme"}))["id"]
+    team = (await create(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
     project = (
-        await _post(
+        await create(
             client, "/api/admin/projects", {"organization_id": org, "team_id": team, "name": "chat"}
         )
     )["id"]
     provider = (
-        await _post(
+        await create(
             client,
             "/api/admin/providers",
             {
@@ -179,7 +171,7 @@ async def world(client: httpx.AsyncClient) -> World:
         )
     )["id"]
     policy = (
-        await _post(
+        await create(
             client,
             "/api/admin/routing-policies",
             {
@@ -189,7 +181,7 @@ async def world(client: httpx.AsyncClient) -> World:
             },
         )
     )["id"]
-    key = await _post(
+    key = await create(
         client,
         "/api/admin/virtual-keys",
         {"project_id": project, "name": "app", "routing_policy_id": policy},

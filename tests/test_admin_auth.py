@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, World
+from tests.conftest import World
+from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN
 
@@ -16,25 +17,6 @@ TOKENS = "/api/admin/tokens"
 AUDIT = "/api/admin/audit-log"
 ORGS = "/api/admin/organizations"
 FAILURES_METRIC = "vkgate_controlplane_admin_auth_failures_total"
-ANY = object()
-
-
-async def create(
-    client: Client, path: str, body: dict[str, Any], headers: dict[str, str] = ADMIN
-) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=headers)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
-
-
-def error_of(response: httpx.Response, status: int, code: str, param: Any = ANY) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert error["code"] == code
-    if param is not ANY:
-        assert error["param"] == param
-    return error
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -7,28 +7,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
 BUDGETS = "/api/admin/budgets"
-ANY = object()
-
-
-async def create(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=ADMIN)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
-
-
-def error_of(response: httpx.Response, status: int, code: str, param: Any = ANY) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert error["code"] == code
-    if param is not ANY:
-        assert error["param"] == param
-    return error
 
 
 def budget_body(org: str, **fields: Any) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, World
+from tests.conftest import World
+from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -15,26 +16,6 @@ ORGS = "/api/admin/organizations"
 TEAMS = "/api/admin/teams"
 PROJECTS = "/api/admin/projects"
 JSON_HEADERS = {**ADMIN, "content-type": "application/json"}
-ANY = object()
-
-
-async def create(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=ADMIN)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
-
-
-def error_of(response: httpx.Response, status: int, code: str, param: Any = ANY) -> dict[str, Any]:
-    """The `error` object of a refusal, after checking its status, code and (if given) param."""
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert set(error) == {"message", "type", "code", "param"}
-    assert error["code"] == code
-    assert error["message"]
-    if param is not ANY:
-        assert error["param"] == param
-    return error
 
 
 async def walk(client: Client, path: str, **filters: str) -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ from controlplane.models import Provider
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
 from controlplane.settings import ControlPlaneSettings
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -23,23 +24,6 @@ BUDGETS = "/api/admin/budgets"
 WORLD_CREDENTIAL = "sk-test-provider-credential-7d1f"
 CREDENTIAL = "sk-providers-test-credential-51c9"
 HEADER_VALUE = "hdr-providers-test-value-0e44"
-ANY = object()
-
-
-async def create(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=ADMIN)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
-
-
-def error_of(response: httpx.Response, status: int, code: str, param: Any = ANY) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error: dict[str, Any] = response.json()["error"]
-    assert error["code"] == code
-    if param is not ANY:
-        assert error["param"] == param
-    return error
 
 
 def provider_body(org: str, **fields: Any) -> dict[str, Any]:

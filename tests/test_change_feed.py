@@ -15,7 +15,8 @@ from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.feed import service as feed_service
 from controlplane.settings import ControlPlaneSettings
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET
 from vkgate import signing

@@ -6,7 +6,8 @@ import asyncio
 
 import httpx
 
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN
 
 KEYS = "/api/admin/virtual-keys"
 

@@ -12,7 +12,8 @@ from litestar import Litestar
 from controlplane.app import create_app
 from controlplane.db import Database, is_sqlite
 from controlplane.settings import ControlPlaneSettings
-from tests.conftest import ADMIN, Internal, serve_in_loop
+from tests.conftest import Internal, serve_in_loop
+from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 
 CHANGES = "/api/internal/gateway/changes"

@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from vkgate.clock import rfc3339
 

@@ -10,7 +10,8 @@ import httpx
 import jwt
 import pytest
 
-from tests.conftest import ADMIN, Internal, World
+from tests.conftest import Internal, World
+from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from tests.support.env import JWT_SECRET
 from vkgate.clock import rfc3339
@@ -674,3 +675,9 @@ async def test_every_key_change_is_audited_and_no_ops_are_not(
     assert entries[2]["details"] == {"grace_seconds": 0}
     assert world.key not in response.text
     assert key_sha256(world.key) not in response.text
+
+
+async def test_list_refuses_an_unknown_status_filter(client: httpx.AsyncClient) -> None:
+    response = await client.get(KEYS, params={"status": "sleeping"}, headers=ADMIN)
+    assert response.status_code == 422
+    assert response.json()["error"]["param"] == "status"

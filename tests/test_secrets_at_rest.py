@@ -16,7 +16,8 @@ from controlplane.models import Base, Provider
 from controlplane.providers.service import open_api_key
 from controlplane.security import Cipher
 from controlplane.settings import ControlPlaneSettings
-from tests.conftest import ADMIN, Internal
+from tests.conftest import Internal
+from tests.support.api import ADMIN, create
 from tests.support.env import ADMIN_TOKEN
 from vkgate.keys import key_sha256
 
@@ -26,13 +27,6 @@ VLLM_CREDENTIAL = "sk-at-rest-vllm-credential-2b8e04d5"
 ROTATED_CREDENTIAL = "sk-at-rest-rotated-credential-c61f9a0e"
 REFUSED_CREDENTIAL = "sk-at-rest-refused-credential-77d3e5b1"
 HEADER_VALUE = "hdr-at-rest-header-value-4e2a9c"
-
-
-async def create(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body, headers=ADMIN)
-    assert response.status_code == 201, response.text
-    created: dict[str, Any] = response.json()
-    return created
 
 
 async def every_cell(database: Database) -> dict[str, list[Any]]:

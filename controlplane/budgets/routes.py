@@ -17,7 +17,7 @@ from controlplane.budgets.schemas import (
     ScopeKind,
 )
 from controlplane.models import Budget
-from controlplane.schemas import Page, Vk, actor_id, page
+from controlplane.schemas import Page, Vk, actor_id, filtered, page
 from vkgate.clock import rfc3339
 from vkgate.money import nanos_to_usd
 
@@ -57,9 +57,7 @@ class BudgetController(Controller):
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[BudgetRead]:
-        query = select(Budget)
-        if organization_id is not None:
-            query = query.where(Budget.organization_id == organization_id)
+        query = filtered(select(Budget), {Budget.organization_id: organization_id})
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, Budget.id, limit=limit, cursor=cursor)
         return Page([budget_read(r) for r in rows], next_cursor)

@@ -20,8 +20,9 @@ from controlplane.keys.schemas import (
     KeyUpdate,
     KeyWithSecret,
 )
+from controlplane.keys.service import KeyStatus
 from controlplane.models import Project, VirtualKey, VirtualKeySecret
-from controlplane.schemas import Page, Vk, actor_id, page
+from controlplane.schemas import Page, Vk, actor_id, filtered, page
 from controlplane.state import Tx
 from vkgate.clock import rfc3339
 
@@ -96,17 +97,18 @@ class VirtualKeyController(Controller):
         vk: Vk,
         organization_id: FromQuery[str | None] = None,
         project_id: FromQuery[str | None] = None,
-        status: FromQuery[str | None] = None,
+        status: FromQuery[KeyStatus | None] = None,
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[KeyRead]:
-        query = select(VirtualKey)
-        if organization_id is not None:
-            query = query.where(VirtualKey.organization_id == organization_id)
-        if project_id is not None:
-            query = query.where(VirtualKey.project_id == project_id)
-        if status is not None:
-            query = query.where(VirtualKey.status == status)
+        query = filtered(
+            select(VirtualKey),
+            {
+                VirtualKey.organization_id: organization_id,
+                VirtualKey.project_id: project_id,
+                VirtualKey.status: status,
+            },
+        )
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, VirtualKey.id, limit=limit, cursor=cursor)
             return Page(await key_reads(tx, list(rows)), next_cursor)

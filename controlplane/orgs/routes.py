@@ -18,7 +18,7 @@ from controlplane.orgs.schemas import (
     TeamCreate,
     TeamRead,
 )
-from controlplane.schemas import Page, Vk, actor_id, page
+from controlplane.schemas import Page, Vk, actor_id, filtered, page
 from vkgate.clock import rfc3339
 
 
@@ -96,9 +96,7 @@ class TeamController(Controller):
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[TeamRead]:
-        query = select(Team)
-        if organization_id is not None:
-            query = query.where(Team.organization_id == organization_id)
+        query = filtered(select(Team), {Team.organization_id: organization_id})
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, Team.id, limit=limit, cursor=cursor)
         return Page([team_read(r) for r in rows], next_cursor)
@@ -133,11 +131,9 @@ class ProjectController(Controller):
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[ProjectRead]:
-        query = select(Project)
-        if organization_id is not None:
-            query = query.where(Project.organization_id == organization_id)
-        if team_id is not None:
-            query = query.where(Project.team_id == team_id)
+        query = filtered(
+            select(Project), {Project.organization_id: organization_id, Project.team_id: team_id}
+        )
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, Project.id, limit=limit, cursor=cursor)
         return Page([project_read(r) for r in rows], next_cursor)

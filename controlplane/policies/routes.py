@@ -11,7 +11,7 @@ from sqlalchemy import select
 from controlplane.models import RoutingPolicy
 from controlplane.policies import service
 from controlplane.policies.schemas import PolicyCreate, PolicyRead, PolicyUpdate
-from controlplane.schemas import Page, Vk, actor_id, page
+from controlplane.schemas import Page, Vk, actor_id, filtered, page
 from controlplane.state import Tx
 from vkgate.clock import rfc3339
 
@@ -48,9 +48,7 @@ class RoutingPolicyController(Controller):
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[PolicyRead]:
-        query = select(RoutingPolicy)
-        if organization_id is not None:
-            query = query.where(RoutingPolicy.organization_id == organization_id)
+        query = filtered(select(RoutingPolicy), {RoutingPolicy.organization_id: organization_id})
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, RoutingPolicy.id, limit=limit, cursor=cursor)
             return Page([await policy_read(tx, r) for r in rows], next_cursor)

@@ -17,7 +17,7 @@ from controlplane.providers.schemas import (
     ProviderRead,
     ProviderUpdate,
 )
-from controlplane.schemas import Page, Vk, actor_id, page
+from controlplane.schemas import Page, Vk, actor_id, filtered, page
 from vkgate.clock import rfc3339
 
 
@@ -57,9 +57,7 @@ class ProviderController(Controller):
         limit: FromQuery[int | None] = None,
         cursor: FromQuery[str | None] = None,
     ) -> Page[ProviderRead]:
-        query = select(Provider)
-        if organization_id is not None:
-            query = query.where(Provider.organization_id == organization_id)
+        query = filtered(select(Provider), {Provider.organization_id: organization_id})
         async with vk.read() as tx:
             rows, next_cursor = await page(tx, query, Provider.id, limit=limit, cursor=cursor)
         return Page([provider_read(r) for r in rows], next_cursor)

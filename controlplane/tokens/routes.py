@@ -13,7 +13,7 @@ from sqlalchemy import select
 from controlplane.auth import Role
 from controlplane.errors import conflict
 from controlplane.models import AdminToken, AuditEntry
-from controlplane.schemas import Name, Page, Vk, actor_id, page
+from controlplane.schemas import Name, Page, Vk, actor_id, filtered, page
 from controlplane.security import new_admin_token, new_id
 from vkgate.clock import rfc3339
 from vkgate.keys import display_prefix
@@ -129,11 +129,10 @@ async def audit_log(
     cursor: FromQuery[str | None] = None,
 ) -> Page[AuditRead]:
     """Oldest first; `next_cursor` continues after the last entry shown."""
-    query = select(AuditEntry)
-    if organization_id is not None:
-        query = query.where(AuditEntry.organization_id == organization_id)
-    if resource_id is not None:
-        query = query.where(AuditEntry.resource_id == resource_id)
+    query = filtered(
+        select(AuditEntry),
+        {AuditEntry.organization_id: organization_id, AuditEntry.resource_id: resource_id},
+    )
     async with vk.read() as tx:
         rows, next_cursor = await page(
             tx, query, AuditEntry.id, limit=limit, cursor=cursor, numeric=True
