@@ -39,7 +39,8 @@ def _show_secret(row: dict[str, Any], as_json: bool) -> None:
     if as_json:
         show(row, KEY_COLUMNS, as_json=True)
         return
-    show({k: v for k, v in row.items() if k != "key"}, KEY_COLUMNS, as_json=False)
+    shown = {k: v for k, v in row.items() if k != "key" and v is not None}
+    show(shown, KEY_COLUMNS, as_json=False)
     click.echo("")
     click.echo(f"key: {row['key']}")
     click.echo("This is the only time the key is shown; store it now.")

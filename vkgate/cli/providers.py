@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from vkgate import env as E
 from vkgate.cli._context import admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
@@ -23,9 +24,7 @@ def _api_key(api_key: str | None, api_key_env: str | None) -> str | None:
     if api_key == "-":
         return sys.stdin.readline().strip() or None
     if api_key_env is not None:
-        import os
-
-        value = os.environ.get(api_key_env)
+        value = E.environment().get(api_key_env)
         if not value:
             raise click.BadParameter(f"{api_key_env} is not set", param_hint="--api-key-env")
         return value
