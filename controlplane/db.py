@@ -52,11 +52,17 @@ def sqlite_pragmas(sync_engine: Any) -> None:
 
 
 def create_engine(url: str) -> AsyncEngine:
+    # hide_parameters: a logged or raised statement never carries bound values (hashes, sealed
+    # credentials, names), whatever goes wrong.
     if is_sqlite(url):
-        engine = create_async_engine(async_url(url), connect_args={"timeout": 30})
+        engine = create_async_engine(
+            async_url(url), connect_args={"timeout": 30}, hide_parameters=True
+        )
         sqlite_pragmas(engine.sync_engine)
         return engine
-    return create_async_engine(async_url(url), pool_size=10, max_overflow=10, pool_pre_ping=True)
+    return create_async_engine(
+        async_url(url), pool_size=10, max_overflow=10, pool_pre_ping=True, hide_parameters=True
+    )
 
 
 class Database:
