@@ -71,8 +71,9 @@ async def changes(
 ) -> Response[bytes]:
     """Events after `since`, or 204 once `timeout_s` passes with none.
 
-    A commit in this process wakes the wait at once; the periodic re-read catches writes made
-    through another control-plane replica. No database connection is held while waiting.
+    A commit in this process wakes the wait at once, and on PostgreSQL so does a commit in
+    another replica (feed/listener.py); the periodic re-read is the fallback should that
+    notification be lost. No database connection is held while waiting.
     """
     if since < 0:
         raise invalid("since must be 0 or more", param="since")
