@@ -6,6 +6,8 @@ makes an admin write that appends one event (a key PATCH), and times the poll's 
 the moment the write was sent and from the moment its answer arrived. Prints a table in ms.
 
     .venv/bin/python bench/feed_wake.py [--iterations 50]
+    .venv/bin/python bench/feed_wake.py --database-url postgresql+psycopg://postgres@127.0.0.1/DB \
+        --cross-replica   # two control planes on one PostgreSQL: write to one, poll the other
 
 The poll is given a moment to park on the server before each write; a negative "after the
 write's answer" time means the woken poll answered before the write's own response did.
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import math
 import secrets
 import socket
@@ -57,11 +60,11 @@ def free_port() -> int:
         return port
 
 
-def bench_env(home: Path, port: int) -> dict[str, str]:
+def bench_env(home: Path, port: int, database_url: str | None) -> dict[str, str]:
     """Fresh secrets of the shapes start-up validation wants, like tests/support/env.py."""
     return {
         "VKGATE_HOME": str(home),
-        "VKGATE_DATABASE_URL": f"sqlite:///{home / 'controlplane.db'}",
+        "VKGATE_DATABASE_URL": database_url or f"sqlite:///{home / 'controlplane.db'}",
         "VKGATE_CONTROLPLANE_ADDR": f"127.0.0.1:{port}",
         "VKGATE_INTERNAL_SECRET": secrets.token_urlsafe(32),
         "VKGATE_JWT_SECRET": secrets.token_urlsafe(32),
@@ -101,8 +104,11 @@ def serving(settings: ControlPlaneSettings) -> Iterator[None]:
 
 
 class Bench:
-    def __init__(self, client: httpx.AsyncClient, settings: ControlPlaneSettings) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, poller: httpx.AsyncClient, settings: ControlPlaneSettings
+    ) -> None:
         self.client = client
+        self.poller = poller
         self.secret = settings.internal_secret
         self.admin = {"Authorization": f"Bearer {settings.admin_token}"}
 
@@ -134,7 +140,7 @@ class Bench:
     async def poll(self, since: int) -> tuple[httpx.Response, float]:
         path = f"{CHANGES}?since={since}&timeout_s={POLL_TIMEOUT_S}"
         headers = signing.signed_headers(self.secret, "GET", path, b"", time.time())
-        response = await self.client.get(path, headers=headers)
+        response = await self.poller.get(path, headers=headers)
         return response, time.perf_counter()
 
     async def current_revision(self) -> int:
@@ -182,10 +188,19 @@ def table(samples: list[Sample]) -> str:
     return "\n".join(lines)
 
 
-async def run(settings: ControlPlaneSettings, iterations: int) -> list[Sample]:
-    base_url = f"http://{settings.host}:{settings.port}"
-    async with httpx.AsyncClient(base_url=base_url, timeout=POLL_TIMEOUT_S + 10) as client:
-        bench = Bench(client, settings)
+def url_of(settings: ControlPlaneSettings) -> str:
+    return f"http://{settings.host}:{settings.port}"
+
+
+async def run(
+    writer: ControlPlaneSettings, poller: ControlPlaneSettings, iterations: int
+) -> list[Sample]:
+    timeout = POLL_TIMEOUT_S + 10
+    async with (
+        httpx.AsyncClient(base_url=url_of(writer), timeout=timeout) as client,
+        httpx.AsyncClient(base_url=url_of(poller), timeout=timeout) as polls,
+    ):
+        bench = Bench(client, polls, writer)
         vk_id = await bench.make_key()
         since = await bench.current_revision()
         samples = []
@@ -198,14 +213,24 @@ async def run(settings: ControlPlaneSettings, iterations: int) -> list[Sample]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--database-url", help="an empty, migratable database (default: SQLite)")
+    parser.add_argument(
+        "--cross-replica", action="store_true", help="write to one replica, poll another"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="vkgate-bench-") as tmp:
+    if args.cross_replica and not (args.database_url or "").startswith("postgresql"):
+        parser.error("--cross-replica needs a PostgreSQL --database-url")
+    with tempfile.TemporaryDirectory(prefix="vkgate-bench-") as tmp, contextlib.ExitStack() as up:
         home = Path(tmp)
-        settings = ControlPlaneSettings.from_env(bench_env(home, free_port()))
-        upgrade(settings.database_url)
-        with serving(settings):
-            samples = asyncio.run(run(settings, args.iterations))
-    print(f"feed wake-up latency, control plane on uvicorn + SQLite, N={len(samples)}")
+        writer = ControlPlaneSettings.from_env(bench_env(home, free_port(), args.database_url))
+        upgrade(writer.database_url)
+        poller = dataclasses.replace(writer, port=free_port()) if args.cross_replica else writer
+        for settings in {writer.port: writer, poller.port: poller}.values():
+            up.enter_context(serving(settings))
+        samples = asyncio.run(run(writer, poller, args.iterations))
+    store = "PostgreSQL" if writer.database_url.startswith("postgresql") else "SQLite"
+    topology = "write to replica A, poll replica B" if args.cross_replica else "one replica"
+    print(f"feed wake-up latency, uvicorn + {store}, {topology}, N={len(samples)}")
     print(table(samples))
 
 
