@@ -130,6 +130,23 @@ class Internal:
             headers={**signed, "content-type": "application/json", **(headers or {})},
         )
 
+    async def revision(self) -> int:
+        """The feed's current revision, from the health route."""
+        response = await self.call("GET", "/api/internal/gateway/health")
+        assert response.status_code == 200, response.text
+        revision: int = response.json()["revision"]
+        return revision
+
+    async def events_since(self, since: int) -> list[tuple[str, str, str]]:
+        """(kind, entity_kind, entity_id) of every event after `since`, without waiting."""
+        response = await self.call(
+            "GET", f"/api/internal/gateway/changes?since={since}&timeout_s=0"
+        )
+        if response.status_code == 204:
+            return []
+        assert response.status_code == 200, response.text
+        return [(e["kind"], e["entity_kind"], e["entity_id"]) for e in response.json()["events"]]
+
 
 @pytest.fixture
 def internal(client: httpx.AsyncClient, clock: ManualClock) -> Internal:

@@ -42,23 +42,6 @@ async def other_world(client: Client) -> dict[str, str]:
     return {"org": org, "team": team, "project": project["id"], "provider": provider["id"]}
 
 
-async def feed_revision(internal: Internal) -> int:
-    response = await internal.call("GET", "/api/internal/gateway/health")
-    assert response.status_code == 200, response.text
-    revision: int = response.json()["revision"]
-    return revision
-
-
-async def events_since(internal: Internal, since: int) -> list[tuple[str, str, str]]:
-    response = await internal.call(
-        "GET", f"/api/internal/gateway/changes?since={since}&timeout_s=0"
-    )
-    if response.status_code == 204:
-        return []
-    assert response.status_code == 200, response.text
-    return [(e["kind"], e["entity_kind"], e["entity_id"]) for e in response.json()["events"]]
-
-
 # Create and read
 
 
@@ -411,12 +394,12 @@ async def test_project_budget_reaches_the_bundle_of_the_projects_key(
 async def test_create_update_and_delete_append_their_budget_events(
     client: Client, world: World, internal: Internal
 ) -> None:
-    start = await feed_revision(internal)
+    start = await internal.revision()
     created = await create(client, BUDGETS, budget_body(world.org))
     path = f"{BUDGETS}/{created['id']}"
     assert (await client.patch(path, json={"limit_usd": "5"}, headers=ADMIN)).status_code == 200
     assert (await client.delete(path, headers=ADMIN)).status_code == 204
-    assert await events_since(internal, start) == [
+    assert await internal.events_since(start) == [
         ("BUDGET_CREATED", "budget", created["id"]),
         ("BUDGET_UPDATED", "budget", created["id"]),
         ("BUDGET_DELETED", "budget", created["id"]),
@@ -428,13 +411,13 @@ async def test_refused_budget_changes_append_no_event(
 ) -> None:
     created = await create(client, BUDGETS, budget_body(world.org))
     other = await other_world(client)
-    start = await feed_revision(internal)
+    start = await internal.revision()
     patch = {"provider_id": other["provider"], "limit_usd": "1"}
     refused = await client.patch(f"{BUDGETS}/{created['id']}", json=patch, headers=ADMIN)
     assert refused.status_code == 422
     unscoped = await post_budget(client, budget_body(world.org, scope={"kind": "team"}))
     assert unscoped.status_code == 422
-    assert await events_since(internal, start) == []
+    assert await internal.events_since(start) == []
     fetched = await client.get(f"{BUDGETS}/{created['id']}", headers=ADMIN)
     assert fetched.json()["limit_usd"] == "100"
 

@@ -45,23 +45,6 @@ async def get_policy(client: Client, policy_id: str) -> httpx.Response:
     return await client.get(f"{POLICIES}/{policy_id}", headers=ADMIN)
 
 
-async def feed_revision(internal: Internal) -> int:
-    response = await internal.call("GET", "/api/internal/gateway/health")
-    assert response.status_code == 200, response.text
-    revision: int = response.json()["revision"]
-    return revision
-
-
-async def events_since(internal: Internal, since: int) -> list[tuple[str, str, str]]:
-    response = await internal.call(
-        "GET", f"/api/internal/gateway/changes?since={since}&timeout_s=0"
-    )
-    if response.status_code == 204:
-        return []
-    assert response.status_code == 200, response.text
-    return [(e["kind"], e["entity_kind"], e["entity_id"]) for e in response.json()["events"]]
-
-
 async def bundle_aliases(internal: Internal, vk_id: str) -> dict[str, list[tuple[str, str]]]:
     """alias → [(provider_id, model)] as a proxy would receive them for the key."""
     response = await internal.call("GET", f"/api/internal/gateway/config/{vk_id}")
@@ -374,7 +357,7 @@ async def test_delete_of_unknown_policy_is_not_found(client: Client) -> None:
 async def test_create_and_update_append_updated_and_delete_appends_deleted(
     client: Client, world: World, internal: Internal
 ) -> None:
-    start = await feed_revision(internal)
+    start = await internal.revision()
     created = await create(
         client,
         POLICIES,
@@ -387,7 +370,7 @@ async def test_create_and_update_append_updated_and_delete_appends_deleted(
     path = f"{POLICIES}/{created['id']}"
     assert (await client.patch(path, json={"name": "newer"}, headers=ADMIN)).status_code == 200
     assert (await client.delete(path, headers=ADMIN)).status_code == 204
-    assert await events_since(internal, start) == [
+    assert await internal.events_since(start) == [
         ("ROUTING_POLICY_UPDATED", "routing_policy", created["id"]),
         ("ROUTING_POLICY_UPDATED", "routing_policy", created["id"]),
         ("ROUTING_POLICY_DELETED", "routing_policy", created["id"]),
@@ -397,13 +380,13 @@ async def test_create_and_update_append_updated_and_delete_appends_deleted(
 async def test_refused_policy_changes_append_no_event(
     client: Client, world: World, internal: Internal
 ) -> None:
-    start = await feed_revision(internal)
+    start = await internal.revision()
     assert (await client.delete(f"{POLICIES}/{world.policy}", headers=ADMIN)).status_code == 409
     bad = {"aliases": {"fast": [step("prov_missing", "m")]}}
     assert (
         await client.patch(f"{POLICIES}/{world.policy}", json=bad, headers=ADMIN)
     ).status_code == 404
-    assert await events_since(internal, start) == []
+    assert await internal.events_since(start) == []
 
 
 async def test_policy_changes_are_audited(client: Client, world: World) -> None:

@@ -47,24 +47,6 @@ async def stored(database: Database, provider_id: str) -> Provider:
     return row
 
 
-async def feed_revision(internal: Internal) -> int:
-    response = await internal.call("GET", "/api/internal/gateway/health")
-    assert response.status_code == 200, response.text
-    revision: int = response.json()["revision"]
-    return revision
-
-
-async def events_since(internal: Internal, since: int) -> list[tuple[str, str, str]]:
-    """(kind, entity_kind, entity_id) of every change-feed event after `since`."""
-    response = await internal.call(
-        "GET", f"/api/internal/gateway/changes?since={since}&timeout_s=0"
-    )
-    if response.status_code == 204:
-        return []
-    assert response.status_code == 200, response.text
-    return [(e["kind"], e["entity_kind"], e["entity_id"]) for e in response.json()["events"]]
-
-
 async def chain_of(internal: Internal, world: World, alias: str = "fast") -> list[dict[str, Any]]:
     """The credential chain a proxy would receive for the world's key."""
     response = await internal.call("GET", f"/api/internal/gateway/config/{world.key_id}")
@@ -561,13 +543,13 @@ async def test_delete_of_unknown_provider_is_not_found(client: Client) -> None:
 async def test_create_update_and_delete_each_append_model_provider_updated(
     client: Client, world: World, internal: Internal
 ) -> None:
-    start = await feed_revision(internal)
+    start = await internal.revision()
     created = await create(client, PROVIDERS, provider_body(world.org, name="spare"))
     path = f"{PROVIDERS}/{created['id']}"
     assert (await client.patch(path, json={"api_key": "sk-new"}, headers=ADMIN)).status_code == 200
     assert (await client.delete(path, headers=ADMIN)).status_code == 204
     assert (
-        await events_since(internal, start)
+        await internal.events_since(start)
         == [("MODEL_PROVIDER_UPDATED", "provider", created["id"])] * 3
     )
 
@@ -575,13 +557,13 @@ async def test_create_update_and_delete_each_append_model_provider_updated(
 async def test_refused_changes_append_no_event(
     client: Client, world: World, internal: Internal
 ) -> None:
-    start = await feed_revision(internal)
+    start = await internal.revision()
     path = f"{PROVIDERS}/{world.provider}"
     assert (await client.delete(path, headers=ADMIN)).status_code == 409
     assert (await client.patch(path, json={"api_key": None}, headers=ADMIN)).status_code == 422
     duplicate = provider_body(world.org, name="openai-main")
     assert (await client.post(PROVIDERS, json=duplicate, headers=ADMIN)).status_code == 409
-    assert await events_since(internal, start) == []
+    assert await internal.events_since(start) == []
 
 
 async def test_provider_changes_are_audited_without_credentials(
