@@ -50,6 +50,11 @@ def page_size(limit: int | None) -> int:
     return limit
 
 
+def nothing_given(update: msgspec.Struct) -> bool:
+    """True for a PATCH body that names no field: it changes nothing and records nothing."""
+    return all(getattr(update, f) is msgspec.UNSET for f in update.__struct_fields__)
+
+
 def filtered(query: Select[Any], filters: dict[InstrumentedAttribute[Any], Any]) -> Select[Any]:
     """`query` narrowed to rows whose column equals each wanted value that was given."""
     for column, value in filters.items():

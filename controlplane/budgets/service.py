@@ -7,6 +7,7 @@ import msgspec
 from controlplane.budgets.schemas import BudgetCreate, BudgetScope, BudgetUpdate, ScopeKind
 from controlplane.errors import invalid
 from controlplane.models import Budget, Organization, Project, Provider, Team, VirtualKey
+from controlplane.schemas import nothing_given
 from controlplane.security import new_id
 from controlplane.state import Tx
 from vkgate.money import usd_to_nanos
@@ -70,6 +71,8 @@ async def create(tx: Tx, data: BudgetCreate) -> Budget:
 
 async def update(tx: Tx, budget_id: str, data: BudgetUpdate) -> Budget:
     row = await tx.get(Budget, budget_id, "budget")
+    if nothing_given(data):
+        return row
     if data.provider_id is not msgspec.UNSET:
         await _check_provider(tx, row.organization_id, data.provider_id)
         row.provider_id = data.provider_id

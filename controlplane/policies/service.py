@@ -10,6 +10,7 @@ from sqlalchemy import delete, func, select, update
 from controlplane.errors import conflict, invalid, not_found
 from controlplane.models import Organization, Provider, RoutingPolicy, RoutingTarget, VirtualKey
 from controlplane.policies.schemas import PolicyCreate, PolicyUpdate, Target
+from controlplane.schemas import nothing_given
 from controlplane.security import new_id
 from controlplane.state import Tx
 from vkgate.wire import EventKind
@@ -92,6 +93,8 @@ async def create(tx: Tx, data: PolicyCreate) -> RoutingPolicy:
 
 async def update_policy(tx: Tx, policy_id: str, data: PolicyUpdate) -> RoutingPolicy:
     policy = await tx.get(RoutingPolicy, policy_id, "routing policy")
+    if nothing_given(data):
+        return policy
     if data.name is not msgspec.UNSET and data.name != policy.name:
         await _check_name_free(tx, policy.organization_id, data.name, other_than=policy.id)
         policy.name = data.name

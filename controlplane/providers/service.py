@@ -16,6 +16,7 @@ from controlplane.providers.schemas import (
     ProviderKind,
     ProviderUpdate,
 )
+from controlplane.schemas import nothing_given
 from controlplane.security import Cipher, new_id
 from controlplane.state import Tx
 from vkgate.wire import EventKind
@@ -124,6 +125,8 @@ async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
 
 async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate) -> Provider:
     row = await tx.get(Provider, provider_id, "provider")
+    if nothing_given(data):
+        return row
     kind = ProviderKind(row.kind)
     changed: list[str] = []
     if data.name is not msgspec.UNSET and data.name != row.name:
