@@ -11,6 +11,7 @@ from litestar.config.app import AppConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ControllerRouterHandler
 from sqlalchemy import text
 
@@ -125,6 +126,14 @@ def create_app(
             title="vkgate control plane",
             version=vkgate.__version__,
             path="/schema",
+            components=Components(
+                security_schemes={
+                    "AdminToken": SecurityScheme(
+                        type="http", scheme="bearer", description="An admin or finance token"
+                    )
+                }
+            ),
+            security=[{"AdminToken": []}],
             render_plugins=[SwaggerRenderPlugin()],
         ),
         on_app_init=[_quiet],
