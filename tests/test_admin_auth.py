@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import World
-from tests.support.api import ADMIN, create, error_of
+from tests.support.api import ADMIN, create, error_of, walk_pages
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN
 
@@ -219,15 +219,7 @@ async def test_revoking_an_unknown_token_is_not_found(client: Client) -> None:
 
 async def test_token_list_pages_one_at_a_time(client: Client) -> None:
     ids = {(await new_token(client, "finance", f"t{i}"))["id"] for i in range(4)}
-    seen: list[str] = []
-    params = {"limit": "1"}
-    while True:
-        page = (await client.get(TOKENS, params=params, headers=ADMIN)).json()
-        assert len(page["data"]) == 1
-        seen.append(page["data"][0]["id"])
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
+    seen = [t["id"] for t in await walk_pages(client, TOKENS)]
     assert sorted(seen) == seen
     assert set(seen) == ids and len(seen) == 4
 
@@ -442,17 +434,7 @@ async def test_audit_log_pages_oldest_first_through_next_cursor(
     client: Client, world: World
 ) -> None:
     everything = await audit_entries(client)
-    seen: list[dict[str, Any]] = []
-    params = {"limit": "1"}
-    while True:
-        response = await client.get(AUDIT, params=params, headers=ADMIN)
-        assert response.status_code == 200
-        page = response.json()
-        assert len(page["data"]) == 1
-        seen.extend(page["data"])
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
+    seen = await walk_pages(client, AUDIT)
     assert seen == everything
     assert len(seen) == 6
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import Internal, World
-from tests.support.api import ADMIN, create, error_of
+from tests.support.api import ADMIN, create, error_of, walk_pages
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -262,15 +262,7 @@ async def test_budget_list_filters_by_organization_and_pages(client: Client, wor
     other = await other_world(client)
     foreign = await create(client, BUDGETS, budget_body(other["org"]))
 
-    seen: list[dict[str, Any]] = []
-    params = {"organization_id": world.org, "limit": "1"}
-    while True:
-        page = (await client.get(BUDGETS, params=params, headers=ADMIN)).json()
-        assert len(page["data"]) == 1
-        seen.extend(page["data"])
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
+    seen = await walk_pages(client, BUDGETS, organization_id=world.org)
     assert {b["id"] for b in seen} == ids and len(seen) == 4
     assert {b["window"] for b in seen} == {"day", "week", "month", "total"}
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import World
-from tests.support.api import ADMIN, create, error_of
+from tests.support.api import ADMIN, create, error_of, walk_pages
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -16,22 +16,6 @@ ORGS = "/api/admin/organizations"
 TEAMS = "/api/admin/teams"
 PROJECTS = "/api/admin/projects"
 JSON_HEADERS = {**ADMIN, "content-type": "application/json"}
-
-
-async def walk(client: Client, path: str, **filters: str) -> list[dict[str, Any]]:
-    """Every item of a list route, one per page, following `next_cursor` to the end."""
-    items: list[dict[str, Any]] = []
-    params = {**filters, "limit": "1"}
-    while True:
-        response = await client.get(path, params=params, headers=ADMIN)
-        assert response.status_code == 200, response.text
-        body = response.json()
-        assert len(body["data"]) <= 1
-        items.extend(body["data"])
-        if body["next_cursor"] is None:
-            return items
-        assert len(body["data"]) == 1
-        params["cursor"] = body["next_cursor"]
 
 
 async def list_of(client: Client, path: str, **filters: str) -> list[dict[str, Any]]:
@@ -80,7 +64,7 @@ async def test_unknown_organization_is_not_found(client: Client) -> None:
 
 async def test_organization_list_pages_one_at_a_time_through_next_cursor(client: Client) -> None:
     ids = {(await create(client, ORGS, {"name": f"org-{i}"}))["id"] for i in range(5)}
-    walked = [org["id"] for org in await walk(client, ORGS)]
+    walked = [org["id"] for org in await walk_pages(client, ORGS)]
     assert sorted(walked) == walked
     assert set(walked) == ids
     assert len(walked) == len(ids)
@@ -270,13 +254,13 @@ async def test_team_list_filters_by_organization_and_pages(client: Client) -> No
     }
     globex_team = await create(client, TEAMS, {"organization_id": globex["id"], "name": "t0"})
 
-    walked = await walk(client, TEAMS, organization_id=acme["id"])
+    walked = await walk_pages(client, TEAMS, organization_id=acme["id"])
     assert {t["id"] for t in walked} == acme_teams
     assert len(walked) == 3
     assert [t["id"] for t in await list_of(client, TEAMS, organization_id=globex["id"])] == [
         globex_team["id"]
     ]
-    assert len(await walk(client, TEAMS)) == 4
+    assert len(await walk_pages(client, TEAMS)) == 4
     assert await list_of(client, TEAMS, organization_id="org_missing") == []
 
 
@@ -376,13 +360,13 @@ async def test_project_list_filters_by_organization_and_team(client: Client, wor
     other = await create(client, ORGS, {"name": "globex"})
     await create(client, PROJECTS, {"organization_id": other["id"], "name": "chat"})
 
-    in_org = await walk(client, PROJECTS, organization_id=world.org)
+    in_org = await walk_pages(client, PROJECTS, organization_id=world.org)
     assert {p["id"] for p in in_org} == {world.project, infra["id"], loose["id"]}
     by_team = await list_of(client, PROJECTS, team_id=second_team["id"])
     assert [p["id"] for p in by_team] == [infra["id"]]
     both = await list_of(client, PROJECTS, organization_id=other["id"], team_id=world.team)
     assert both == []
-    assert len(await walk(client, PROJECTS)) == 4
+    assert len(await walk_pages(client, PROJECTS)) == 4
 
 
 async def test_project_create_is_audited_with_its_team(client: Client, world: World) -> None:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import Internal, World
-from tests.support.api import ADMIN, create, error_of
+from tests.support.api import ADMIN, create, error_of, walk_pages
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -211,15 +211,7 @@ async def test_policy_list_filters_by_organization_and_pages(client: Client, wor
         {"organization_id": globex, "name": "p", "aliases": {"a": [step(theirs, "m")]}},
     )
 
-    seen: list[dict[str, Any]] = []
-    params = {"organization_id": world.org, "limit": "1"}
-    while True:
-        page = (await client.get(POLICIES, params=params, headers=ADMIN)).json()
-        assert len(page["data"]) == 1
-        seen.extend(page["data"])
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
+    seen = await walk_pages(client, POLICIES, organization_id=world.org)
     assert {p["id"] for p in seen} == ids and len(seen) == 4
     assert all(p["aliases"] for p in seen)
 

@@ -14,7 +14,7 @@ from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
 from controlplane.settings import ControlPlaneSettings
 from tests.conftest import Internal, World
-from tests.support.api import ADMIN, create, error_of
+from tests.support.api import ADMIN, create, error_of, walk_pages
 from tests.support.clock import ManualClock
 
 Client = httpx.AsyncClient
@@ -302,18 +302,9 @@ async def test_provider_list_filters_by_organization_and_pages(
     other = await create(client, "/api/admin/organizations", {"name": "globex"})
     foreign = await create(client, PROVIDERS, provider_body(other["id"]))
 
-    seen: list[str] = []
-    params = {"organization_id": world.org, "limit": "1"}
-    while True:
-        response = await client.get(PROVIDERS, params=params, headers=ADMIN)
-        assert response.status_code == 200
-        assert WORLD_CREDENTIAL not in response.text and CREDENTIAL not in response.text
-        page = response.json()
-        assert len(page["data"]) == 1
-        seen.append(page["data"][0]["id"])
-        if page["next_cursor"] is None:
-            break
-        params["cursor"] = page["next_cursor"]
+    listed = await walk_pages(client, PROVIDERS, organization_id=world.org)
+    assert WORLD_CREDENTIAL not in repr(listed) and CREDENTIAL not in repr(listed)
+    seen = [p["id"] for p in listed]
     assert sorted(seen) == seen
     assert set(seen) == ids and len(seen) == 4
 

@@ -31,3 +31,19 @@ def error_of(response: httpx.Response, status: int, code: str, param: Any = ANY)
     if param is not ANY:
         assert error["param"] == param
     return error
+
+
+async def walk_pages(client: httpx.AsyncClient, path: str, **filters: str) -> list[dict[str, Any]]:
+    """Every item of a list route, one per page, following `next_cursor` to the end."""
+    items: list[dict[str, Any]] = []
+    params = {**filters, "limit": "1"}
+    while True:
+        response = await client.get(path, params=params, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert len(body["data"]) <= 1
+        items.extend(body["data"])
+        if body["next_cursor"] is None:
+            return items
+        assert len(body["data"]) == 1
+        params["cursor"] = body["next_cursor"]
