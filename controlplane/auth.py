@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from controlplane.errors import ApiError
 from controlplane.models import AdminToken
+from controlplane.state import AppState, app_state
 from vkgate.errors import ErrorCode
 
 ENV_TOKEN_ACTOR = "env"
@@ -29,10 +30,6 @@ class Role(StrEnum):
 class Actor:
     id: str
     role: Role
-
-
-def app_state(connection: ASGIConnection[Any, Any, Any, Any]) -> Any:
-    return connection.app.state["vk"]
 
 
 async def require_admin_token(
@@ -60,7 +57,9 @@ async def require_admin_token(
     connection.state.actor = actor
 
 
-async def _authenticate(connection: ASGIConnection[Any, Any, Any, Any], state: Any) -> Actor | None:
+async def _authenticate(
+    connection: ASGIConnection[Any, Any, Any, Any], state: AppState
+) -> Actor | None:
     header = connection.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     token = token.strip()

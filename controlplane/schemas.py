@@ -13,7 +13,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 
 from controlplane.auth import Actor
 from controlplane.errors import invalid
-from controlplane.state import AppState, Tx
+from controlplane.state import AppState, Tx, app_state
 
 T = TypeVar("T")
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
@@ -25,11 +25,6 @@ DEFAULT_PAGE = 100
 class Page(msgspec.Struct, Generic[T]):
     data: list[T]
     next_cursor: str | None = None
-
-
-def app_state(request: Request[Any, Any, Any]) -> AppState:
-    state: AppState = request.app.state["vk"]
-    return state
 
 
 def actor_id(request: Request[Any, Any, Any]) -> str:

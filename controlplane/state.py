@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from litestar.connection import ASGIConnection
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import audit
@@ -99,3 +100,9 @@ class AppState:
     async def read(self) -> AsyncIterator[Tx]:
         async with self.db.transaction() as session:
             yield Tx(session=session, clock=self.clock, actor="")
+
+
+def app_state(request: ASGIConnection[Any, Any, Any, Any]) -> AppState:
+    """The application's state, for guards and as the `vk` dependency of handlers."""
+    state: AppState = request.app.state["vk"]
+    return state

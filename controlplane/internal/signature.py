@@ -10,7 +10,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from controlplane.errors import ApiError
-from controlplane.state import AppState
+from controlplane.state import app_state
 from vkgate import signing
 from vkgate.errors import ErrorCode
 
@@ -29,7 +29,7 @@ def path_and_query(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
 async def require_signature(
     connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
 ) -> None:
-    state: AppState = connection.app.state["vk"]
+    state = app_state(connection)
     request = cast(Request[Any, Any, Any], connection)
     body = await request.body()
     problem = signing.verify(
