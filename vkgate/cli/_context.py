@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
 
 from vkgate.cli._client import AdminClient
+from vkgate.cli._output import json_option, show
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,3 +44,29 @@ def parse_pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=option)
         pairs[name] = value
     return pairs
+
+
+def add_show_and_delete(
+    group: click.Group,
+    path: str,
+    columns: Sequence[str],
+    *,
+    what: str,
+    delete_verb: str | None = None,
+) -> None:
+    """Give `group` the `show ID` command, and `<delete_verb> ID` when the resource has one."""
+
+    @group.command("show", help=f"Show one {what}.")
+    @click.argument("ident", metavar="ID")
+    @json_option
+    def show_one(ident: str, as_json: bool) -> None:
+        show(admin_client().get(f"{path}/{ident}"), columns, as_json=as_json)
+
+    if delete_verb is None:
+        return
+
+    @group.command(delete_verb, help=f"{delete_verb.capitalize()} a {what}.")
+    @click.argument("ident", metavar="ID")
+    def delete_one(ident: str) -> None:
+        admin_client().delete(f"{path}/{ident}")
+        click.echo(f"{delete_verb.removesuffix('e')}ed {ident}")

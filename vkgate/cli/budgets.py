@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from vkgate.cli._context import admin_client
+from vkgate.cli._context import add_show_and_delete, admin_client
 from vkgate.cli._output import json_option, show
 
 BUDGET_COLUMNS = ("id", "name", "scope", "window", "limit_usd", "provider_id", "on_breach")
@@ -96,20 +96,6 @@ def budget_list(org_id: str | None, as_json: bool) -> None:
     show(rows, BUDGET_COLUMNS, as_json=as_json)
 
 
-@budgets.command("show")
-@click.argument("budget_id")
-@json_option
-def budget_show(budget_id: str, as_json: bool) -> None:
-    show(admin_client().get(f"/api/admin/budgets/{budget_id}"), BUDGET_COLUMNS, as_json=as_json)
-
-
-@budgets.command("delete")
-@click.argument("budget_id")
-def budget_delete(budget_id: str) -> None:
-    admin_client().delete(f"/api/admin/budgets/{budget_id}")
-    click.echo(f"deleted {budget_id}")
-
-
 @click.group("tokens")
 def tokens() -> None:
     """Admin tokens (roles: admin, finance)."""
@@ -155,3 +141,8 @@ def audit(org_id: str | None, resource_id: str | None, as_json: bool) -> None:
         "/api/admin/audit-log", organization_id=org_id, resource_id=resource_id
     )
     show(list(rows), AUDIT_COLUMNS, as_json=as_json)
+
+
+add_show_and_delete(
+    budgets, "/api/admin/budgets", BUDGET_COLUMNS, what="budget", delete_verb="delete"
+)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from vkgate.cli._context import admin_client, parse_pairs
+from vkgate.cli._context import add_show_and_delete, admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
 KEY_COLUMNS = ("id", "name", "prefix", "project_id", "routing_policy_id", "status", "expires_at")
@@ -143,13 +143,6 @@ def key_list(org_id: str | None, project_id: str | None, status: str | None, as_
     show(list(rows), KEY_COLUMNS, as_json=as_json)
 
 
-@keys.command("show")
-@click.argument("vk_id")
-@json_option
-def key_show(vk_id: str, as_json: bool) -> None:
-    show(admin_client().get(f"/api/admin/virtual-keys/{vk_id}"), KEY_COLUMNS, as_json=as_json)
-
-
 @keys.command("rotate")
 @click.argument("vk_id")
 @click.option(
@@ -185,3 +178,6 @@ def _transition(verb: str) -> click.Command:
 
 for _verb in ("revoke", "disable", "enable"):
     keys.add_command(_transition(_verb))
+
+
+add_show_and_delete(keys, "/api/admin/virtual-keys", KEY_COLUMNS, what="virtual key")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from vkgate.cli._context import admin_client
+from vkgate.cli._context import add_show_and_delete, admin_client
 from vkgate.cli._output import json_option, show
 
 ORG_COLUMNS = ("id", "name", "created_at")
@@ -34,13 +34,6 @@ def org_list(as_json: bool) -> None:
     show(list(admin_client().list_all("/api/admin/organizations")), ORG_COLUMNS, as_json=as_json)
 
 
-@orgs.command("show")
-@click.argument("org_id")
-@json_option
-def org_show(org_id: str, as_json: bool) -> None:
-    show(admin_client().get(f"/api/admin/organizations/{org_id}"), ORG_COLUMNS, as_json=as_json)
-
-
 @click.group("teams")
 def teams() -> None:
     """Teams of an organization."""
@@ -61,13 +54,6 @@ def team_create(org_id: str, name: str, as_json: bool) -> None:
 def team_list(org_id: str | None, as_json: bool) -> None:
     rows = list(admin_client().list_all("/api/admin/teams", organization_id=org_id))
     show(rows, TEAM_COLUMNS, as_json=as_json)
-
-
-@teams.command("show")
-@click.argument("team_id")
-@json_option
-def team_show(team_id: str, as_json: bool) -> None:
-    show(admin_client().get(f"/api/admin/teams/{team_id}"), TEAM_COLUMNS, as_json=as_json)
 
 
 @click.group("projects")
@@ -94,8 +80,6 @@ def project_list(org_id: str | None, team_id: str | None, as_json: bool) -> None
     show(list(rows), PROJECT_COLUMNS, as_json=as_json)
 
 
-@projects.command("show")
-@click.argument("project_id")
-@json_option
-def project_show(project_id: str, as_json: bool) -> None:
-    show(admin_client().get(f"/api/admin/projects/{project_id}"), PROJECT_COLUMNS, as_json=as_json)
+add_show_and_delete(orgs, "/api/admin/organizations", ORG_COLUMNS, what="organization")
+add_show_and_delete(teams, "/api/admin/teams", TEAM_COLUMNS, what="team")
+add_show_and_delete(projects, "/api/admin/projects", PROJECT_COLUMNS, what="project")

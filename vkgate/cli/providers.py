@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from vkgate import env as E
-from vkgate.cli._context import admin_client, parse_pairs
+from vkgate.cli._context import add_show_and_delete, admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
 PROVIDER_COLUMNS = ("id", "organization_id", "name", "kind", "base_url", "has_api_key")
@@ -137,21 +137,6 @@ def provider_list(org_id: str | None, as_json: bool) -> None:
     show(rows, PROVIDER_COLUMNS, as_json=as_json)
 
 
-@providers.command("show")
-@click.argument("provider_id")
-@json_option
-def provider_show(provider_id: str, as_json: bool) -> None:
-    row = admin_client().get(f"/api/admin/providers/{provider_id}")
-    show(row, PROVIDER_COLUMNS, as_json=as_json)
-
-
-@providers.command("remove")
-@click.argument("provider_id")
-def provider_remove(provider_id: str) -> None:
-    admin_client().delete(f"/api/admin/providers/{provider_id}")
-    click.echo(f"removed {provider_id}")
-
-
 def _aliases(values: tuple[str, ...], file: str | None) -> dict[str, list[dict[str, str]]] | None:
     """`ALIAS=PROVIDER_ID:MODEL[,PROVIDER_ID:MODEL…]` (a fallback chain, in order), or a file."""
     if file is not None:
@@ -231,16 +216,13 @@ def policy_list(org_id: str | None, as_json: bool) -> None:
     show(rows, POLICY_COLUMNS, as_json=as_json)
 
 
-@policies.command("show")
-@click.argument("policy_id")
-@json_option
-def policy_show(policy_id: str, as_json: bool) -> None:
-    row = admin_client().get(f"/api/admin/routing-policies/{policy_id}")
-    show(row, POLICY_COLUMNS, as_json=as_json)
-
-
-@policies.command("delete")
-@click.argument("policy_id")
-def policy_delete(policy_id: str) -> None:
-    admin_client().delete(f"/api/admin/routing-policies/{policy_id}")
-    click.echo(f"deleted {policy_id}")
+add_show_and_delete(
+    providers, "/api/admin/providers", PROVIDER_COLUMNS, what="provider", delete_verb="remove"
+)
+add_show_and_delete(
+    policies,
+    "/api/admin/routing-policies",
+    POLICY_COLUMNS,
+    what="routing policy",
+    delete_verb="delete",
+)
