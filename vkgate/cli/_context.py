@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 
@@ -46,15 +46,28 @@ def parse_pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     return pairs
 
 
-def add_show_and_delete(
+def add_resource_commands(
     group: click.Group,
     path: str,
     columns: Sequence[str],
     *,
     what: str,
+    listing: Literal["by_org", "all", "own"] = "by_org",
     delete_verb: str | None = None,
 ) -> None:
-    """Give `group` the `show ID` command, and `<delete_verb> ID` when the resource has one."""
+    """Give `group` its `list` (unless it has its own), `show ID` and, when the resource can
+    be deleted, `<delete_verb> ID` commands."""
+    if listing != "own":
+        org_option = click.option("--org", "org_id", help="Only those of this organization.")
+
+        def list_all(org_id: str | None = None, as_json: bool = False) -> None:
+            filters = {"organization_id": org_id} if org_id else {}
+            show(list(admin_client().list_all(path, **filters)), columns, as_json=as_json)
+
+        command = json_option(list_all)
+        if listing == "by_org":
+            command = org_option(command)
+        group.command("list", help=f"List every {what}.")(command)
 
     @group.command("show", help=f"Show one {what}.")
     @click.argument("ident", metavar="ID")

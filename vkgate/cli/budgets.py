@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from vkgate.cli._context import add_show_and_delete, admin_client
+from vkgate.cli._context import add_resource_commands, admin_client
 from vkgate.cli._output import json_option, show
 
 BUDGET_COLUMNS = ("id", "name", "scope", "window", "limit_usd", "provider_id", "on_breach")
@@ -88,14 +88,6 @@ def budget_update(
     show(row, BUDGET_COLUMNS, as_json=as_json)
 
 
-@budgets.command("list")
-@click.option("--org", "org_id", help="Only this organization's budgets.")
-@json_option
-def budget_list(org_id: str | None, as_json: bool) -> None:
-    rows = list(admin_client().list_all("/api/admin/budgets", organization_id=org_id))
-    show(rows, BUDGET_COLUMNS, as_json=as_json)
-
-
 @click.group("tokens")
 def tokens() -> None:
     """Admin tokens (roles: admin, finance)."""
@@ -143,6 +135,6 @@ def audit(org_id: str | None, resource_id: str | None, as_json: bool) -> None:
     show(list(rows), AUDIT_COLUMNS, as_json=as_json)
 
 
-add_show_and_delete(
+add_resource_commands(
     budgets, "/api/admin/budgets", BUDGET_COLUMNS, what="budget", delete_verb="delete"
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from vkgate.cli._context import add_show_and_delete, admin_client, parse_pairs
+from vkgate.cli._context import add_resource_commands, admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
 KEY_COLUMNS = ("id", "name", "prefix", "project_id", "routing_policy_id", "status", "expires_at")
@@ -180,4 +180,6 @@ for _verb in ("revoke", "disable", "enable"):
     keys.add_command(_transition(_verb))
 
 
-add_show_and_delete(keys, "/api/admin/virtual-keys", KEY_COLUMNS, what="virtual key")
+add_resource_commands(
+    keys, "/api/admin/virtual-keys", KEY_COLUMNS, what="virtual key", listing="own"
+)

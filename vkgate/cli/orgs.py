@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from vkgate.cli._context import add_show_and_delete, admin_client
+from vkgate.cli._context import add_resource_commands, admin_client
 from vkgate.cli._output import json_option, show
 
 ORG_COLUMNS = ("id", "name", "created_at")
@@ -28,12 +28,6 @@ def org_create(name: str, as_json: bool) -> None:
     )
 
 
-@orgs.command("list")
-@json_option
-def org_list(as_json: bool) -> None:
-    show(list(admin_client().list_all("/api/admin/organizations")), ORG_COLUMNS, as_json=as_json)
-
-
 @click.group("teams")
 def teams() -> None:
     """Teams of an organization."""
@@ -46,14 +40,6 @@ def teams() -> None:
 def team_create(org_id: str, name: str, as_json: bool) -> None:
     body = {"organization_id": org_id, "name": name}
     show(admin_client().post("/api/admin/teams", body), TEAM_COLUMNS, as_json=as_json)
-
-
-@teams.command("list")
-@click.option("--org", "org_id", help="Only this organization's teams.")
-@json_option
-def team_list(org_id: str | None, as_json: bool) -> None:
-    rows = list(admin_client().list_all("/api/admin/teams", organization_id=org_id))
-    show(rows, TEAM_COLUMNS, as_json=as_json)
 
 
 @click.group("projects")
@@ -80,6 +66,10 @@ def project_list(org_id: str | None, team_id: str | None, as_json: bool) -> None
     show(list(rows), PROJECT_COLUMNS, as_json=as_json)
 
 
-add_show_and_delete(orgs, "/api/admin/organizations", ORG_COLUMNS, what="organization")
-add_show_and_delete(teams, "/api/admin/teams", TEAM_COLUMNS, what="team")
-add_show_and_delete(projects, "/api/admin/projects", PROJECT_COLUMNS, what="project")
+add_resource_commands(
+    orgs, "/api/admin/organizations", ORG_COLUMNS, what="organization", listing="all"
+)
+add_resource_commands(teams, "/api/admin/teams", TEAM_COLUMNS, what="team")
+add_resource_commands(
+    projects, "/api/admin/projects", PROJECT_COLUMNS, what="project", listing="own"
+)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from vkgate import env as E
-from vkgate.cli._context import add_show_and_delete, admin_client, parse_pairs
+from vkgate.cli._context import add_resource_commands, admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
 PROVIDER_COLUMNS = ("id", "organization_id", "name", "kind", "base_url", "has_api_key")
@@ -129,14 +129,6 @@ def provider_update(
     show(row, PROVIDER_COLUMNS, as_json=as_json)
 
 
-@providers.command("list")
-@click.option("--org", "org_id", help="Only this organization's providers.")
-@json_option
-def provider_list(org_id: str | None, as_json: bool) -> None:
-    rows = list(admin_client().list_all("/api/admin/providers", organization_id=org_id))
-    show(rows, PROVIDER_COLUMNS, as_json=as_json)
-
-
 def _aliases(values: tuple[str, ...], file: str | None) -> dict[str, list[dict[str, str]]] | None:
     """`ALIAS=PROVIDER_ID:MODEL[,PROVIDER_ID:MODEL…]` (a fallback chain, in order), or a file."""
     if file is not None:
@@ -208,18 +200,10 @@ def policy_update(
     show(row, POLICY_COLUMNS, as_json=as_json)
 
 
-@policies.command("list")
-@click.option("--org", "org_id", help="Only this organization's policies.")
-@json_option
-def policy_list(org_id: str | None, as_json: bool) -> None:
-    rows = list(admin_client().list_all("/api/admin/routing-policies", organization_id=org_id))
-    show(rows, POLICY_COLUMNS, as_json=as_json)
-
-
-add_show_and_delete(
+add_resource_commands(
     providers, "/api/admin/providers", PROVIDER_COLUMNS, what="provider", delete_verb="remove"
 )
-add_show_and_delete(
+add_resource_commands(
     policies,
     "/api/admin/routing-policies",
     POLICY_COLUMNS,
