@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: install
-	$(BIN)/vkgate up
+	$(BIN)/vkgate up --demo
 
 test: install
 	$(BIN)/python -m pytest

@@ -39,11 +39,6 @@ class ControlPlaneSettings:
             raise E.SettingError(
                 f"VKGATE_ADMIN_TOKEN must be at least {E.SECRET_MIN_LENGTH} characters long"
             )
-        log_level = (E.string(env, "VKGATE_LOG_LEVEL", "INFO") or "INFO").upper()
-        if log_level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-            raise E.SettingError(
-                f"VKGATE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}"
-            )
         return cls(
             database_url=database_url(env, home),
             host=host,
@@ -60,7 +55,7 @@ class ControlPlaneSettings:
             feed_poll_interval_s=E.number(
                 env, "VKGATE_FEED_POLL_INTERVAL_SECONDS", 2.0, minimum=0.05
             ),
-            log_level=log_level,
+            log_level=E.log_level(env),
         )
 
 

@@ -1,1 +1,1 @@
-"""The vkgate proxy: the request path applications call (built on the control plane's API)."""
+"""The request path: the `/v1` API applications call with a `vk-` key."""

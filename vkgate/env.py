@@ -42,6 +42,12 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_AUTH_CACHE_SOFT_BUMP_SECONDS",
         "VKGATE_AUTH_CACHE_HARD_GRACE_SECONDS",
         "VKGATE_AUTH_CACHE_CONFIG_TTL_SECONDS",
+        "VKGATE_AUTH_CACHE_MAX_ENTRIES",
+        "VKGATE_PROVIDER_CONNECT_TIMEOUT_SECONDS",
+        "VKGATE_PROVIDER_FIRST_BYTE_TIMEOUT_SECONDS",
+        "VKGATE_PROVIDER_TOTAL_TIMEOUT_SECONDS",
+        "VKGATE_PROXY_SERVER",
+        "VKGATE_PROXY_WORKERS",
     }
 )
 
@@ -133,6 +139,16 @@ def encryption_key(env: Mapping[str, str], name: str) -> bytes:
     if len(raw) != 32:
         raise SettingError(f"{name} must decode to exactly 32 bytes, got {len(raw)}")
     return raw
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level(env: Mapping[str, str]) -> str:
+    value = (string(env, "VKGATE_LOG_LEVEL", "INFO") or "INFO").upper()
+    if value not in LOG_LEVELS:
+        raise SettingError(f"VKGATE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {value!r}")
+    return value
 
 
 def home(env: Mapping[str, str]) -> Path:

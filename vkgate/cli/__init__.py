@@ -11,7 +11,7 @@ from vkgate.cli.budgets import audit, budgets, tokens
 from vkgate.cli.keys import keys
 from vkgate.cli.orgs import orgs, projects, teams
 from vkgate.cli.providers import policies, providers
-from vkgate.cli.serve import controlplane, migrate, up
+from vkgate.cli.serve import controlplane, migrate, proxy, up
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,7 +28,7 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
         raise click.ClickException(f"configuration: {exc}") from None
 
 
-for command in (up, controlplane, migrate, orgs, teams, projects, providers, policies, keys):
+for command in (up, controlplane, proxy, migrate, orgs, teams, projects, providers, policies, keys):
     main.add_command(command)
 for command in (budgets, tokens, audit):
     main.add_command(command)

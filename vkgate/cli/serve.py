@@ -6,10 +6,12 @@ import base64
 import logging
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -17,7 +19,9 @@ from vkgate import env as E
 from vkgate.cli._client import SECRETS_FILE
 
 if TYPE_CHECKING:
+    from controlplane.demo import Demo
     from controlplane.settings import ControlPlaneSettings
+    from proxy.settings import ProxySettings
 
 T = TypeVar("T")
 
@@ -74,6 +78,8 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
+    # One line per internal call is noise at INFO; failures are logged by vkgate itself.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def serve_controlplane(settings: ControlPlaneSettings) -> None:
@@ -96,28 +102,67 @@ def serve_controlplane(settings: ControlPlaneSettings) -> None:
 
 
 @click.command("up")
-def up() -> None:
-    """Start vkgate on this machine with its embedded stores (under VKGATE_HOME)."""
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Also seed an organization on the offline mock provider with a key, and show a call.",
+)
+def up(demo: bool) -> None:
+    """Start vkgate (control plane and proxy) on this machine with its embedded stores."""
+    import asyncio
+
     from controlplane.migrate import upgrade
     from controlplane.settings import ControlPlaneSettings
+    from proxy.settings import ProxySettings
 
     env = E.environment()
     home = E.home(env)
     stored = ensure_secrets(home / SECRETS_FILE)
-    merged: dict[str, Any] = {**stored, **env}  # what the environment says wins
+    merged: dict[str, str] = {**stored, **env}  # what the environment says wins
     settings = load_settings(ControlPlaneSettings.from_env, merged)
+    merged.setdefault("VKGATE_CONTROLPLANE_URL", f"http://{settings.host}:{settings.port}")
+    proxy_settings = load_settings(ProxySettings.from_env, merged)
     configure_logging(settings.log_level)
     with database_errors():
         upgrade(settings.database_url)
-    click.echo(_banner(settings, home, token_from_env="VKGATE_ADMIN_TOKEN" in env))
-    serve_controlplane(settings)
+        seeded = asyncio.run(_seed(settings, home)) if demo else None
+    proxy = subprocess.Popen([sys.executable, "-m", "vkgate", "proxy"], env=merged)
+    try:
+        click.echo(
+            _banner(settings, proxy_settings, home, token_from_env="VKGATE_ADMIN_TOKEN" in env)
+        )
+        if seeded is not None:
+            click.echo(_demo_banner(proxy_settings, seeded))
+        click.echo("Stop with Ctrl-C.\n")
+        serve_controlplane(settings)
+    finally:
+        _stop(proxy)
 
 
-def _banner(settings: ControlPlaneSettings, home: Path, *, token_from_env: bool) -> str:
+async def _seed(settings: ControlPlaneSettings, home: Path) -> Demo:
+    from controlplane.demo import seed
+
+    return await seed(settings, home)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _banner(
+    settings: ControlPlaneSettings, proxy: ProxySettings, home: Path, *, token_from_env: bool
+) -> str:
     url = f"http://{settings.host}:{settings.port}"
     token = "(from VKGATE_ADMIN_TOKEN)" if token_from_env else settings.admin_token
     return f"""
 vkgate is up.
+  proxy           http://{proxy.host}:{proxy.port}/v1   (OpenAI-compatible; use a vk- key)
   control plane   {url}   (OpenAPI: {url}/schema/swagger)
   admin token     {token}
   data            {home}/   (secrets in {home / SECRETS_FILE}, mode 0600)
@@ -128,9 +173,34 @@ Make a first key (in another terminal, in this directory):
   vkgate providers add --org ORG_ID --name openai --kind openai --api-key-env OPENAI_API_KEY
   vkgate policies create --org ORG_ID --name default --alias gpt-4o-mini=PROVIDER_ID:gpt-4o-mini
   vkgate keys create --project PROJECT_ID --policy POLICY_ID --rpm 60
-
-Stop with Ctrl-C.
 """
+
+
+def _demo_banner(proxy: ProxySettings, demo: Demo) -> str:
+    base = f"http://{proxy.host}:{proxy.port}/v1"
+    return f"""Demo: organization {demo.organization_id} calls the offline `mock` provider.
+  demo key        {demo.key}
+
+  curl {base}/chat/completions \\
+    -H "Authorization: Bearer {demo.key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{demo.chat_model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  python -c 'from openai import OpenAI
+  client = OpenAI(base_url="{base}", api_key="{demo.key}")
+  reply = client.chat.completions.create(model="{demo.chat_model}", messages=[{{"role": "user", "content": "Hello!"}}])
+  print(reply.choices[0].message.content)'
+"""
+
+
+@click.command("proxy")
+def proxy() -> None:
+    """Serve the proxy, the `/v1` API applications call (settings from VKGATE_* only)."""
+    from proxy.main import serve
+    from proxy.settings import ProxySettings
+
+    settings = load_settings(ProxySettings.from_env, E.environment())
+    configure_logging(settings.log_level)
+    serve(settings)
 
 
 @click.command("controlplane")

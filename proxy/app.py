@@ -1,0 +1,199 @@
+"""The proxy's Litestar app: `/v1` mounted as raw ASGI, health routes, and start-up wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+from litestar import Litestar, Request, Response, asgi, get
+from litestar.exceptions import HTTPException
+
+import vkgate
+from proxy.asgi import Receive, Scope, Send
+from proxy.auth import AuthCache
+from proxy.control import ControlPlaneClient, Unreachable
+from proxy.feed import ChangeFeedPoller
+from proxy.gateway import Gateway
+from proxy.providers import registry
+from proxy.settings import ProxySettings
+from vkgate.clock import Clock, SystemClock
+from vkgate.errors import ErrorCode
+
+log = logging.getLogger("vkgate.proxy")
+
+
+@dataclass
+class Running:
+    """What start-up built; the routes reach it through the app's state."""
+
+    settings: ProxySettings
+    clock: Clock
+    control_transport: httpx.AsyncBaseTransport | None = None
+    gateway: Gateway | None = None
+    cache: AuthCache | None = None
+    control: ControlPlaneClient | None = None
+    poller: ChangeFeedPoller | None = None
+    started: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def _session(settings: ProxySettings) -> aiohttp.ClientSession:
+    """The process's one pooled client for every provider call (aiohttp: measured fastest)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=4096, ttl_dns_cache=300, keepalive_timeout=60),
+        timeout=aiohttp.ClientTimeout(
+            total=settings.total_timeout_s,
+            sock_connect=settings.connect_timeout_s,
+            sock_read=settings.first_byte_timeout_s,
+        ),
+        headers={"User-Agent": f"vkgate/{vkgate.__version__}"},
+    )
+
+
+def create_app(
+    settings: ProxySettings,
+    *,
+    clock: Clock | None = None,
+    control_transport: httpx.AsyncBaseTransport | None = None,
+) -> Litestar:
+    running = Running(settings, clock or SystemClock(), control_transport)
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        async with _session(settings) as session:
+            control = ControlPlaneClient(
+                settings.controlplane_url,
+                settings.internal_secret,
+                running.clock,
+                timeout_s=settings.controlplane_timeout_s,
+                transport=running.control_transport,
+            )
+            cache = AuthCache(
+                control,
+                registry(session, running.clock),
+                running.clock,
+                maxsize=settings.auth_cache_size,
+                soft_bump_s=settings.auth_cache_soft_bump_s,
+                hard_grace_s=settings.auth_cache_hard_grace_s,
+                config_ttl_s=settings.auth_cache_config_ttl_s,
+            )
+            poller = ChangeFeedPoller(control, cache, timeout_s=settings.changes_timeout_s)
+            running.control, running.cache, running.poller = control, cache, poller
+            running.gateway = Gateway(settings, cache)
+            running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
+            running.started = True
+            log.info("proxy pid %d ready; control plane %s", os.getpid(), settings.controlplane_url)
+            try:
+                yield
+            finally:
+                running.started = False
+                for task in running.tasks:
+                    task.cancel()
+                for task in running.tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                await cache.close()
+                await control.close()
+
+    @asgi("/v1", is_mount=True, copy_scope=False)
+    async def v1(scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = running.gateway
+        assert gateway is not None  # the server sends requests only after start-up
+        await gateway(scope, receive, send)
+
+    return Litestar(
+        route_handlers=[v1, healthz, readyz, startupz, health],
+        lifespan=[lifespan],
+        state=_state(running),
+        exception_handlers={HTTPException: _http_error},
+        after_request=_with_request_id,
+        openapi_config=None,
+    )
+
+
+def _state(running: Running) -> Any:
+    from litestar.datastructures import State
+
+    return State({"running": running})
+
+
+def _running(request: Request[Any, Any, Any]) -> Running:
+    running: Running = request.app.state["running"]
+    return running
+
+
+async def _with_request_id(response: Response[Any]) -> Response[Any]:
+    response.headers.setdefault("X-Request-ID", os.urandom(16).hex())
+    return response
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+        exc.status_code, ErrorCode.INVALID_REQUEST
+    )
+    return Response(
+        {
+            "error": {
+                "message": exc.detail,
+                "type": "invalid_request_error",
+                "code": code,
+                "param": None,
+            }
+        },
+        status_code=exc.status_code,
+        headers={"X-Request-ID": os.urandom(16).hex()},
+    )
+
+
+@get("/healthz", sync_to_thread=False)
+def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@get("/startupz", sync_to_thread=False)
+def startupz(request: Request[Any, Any, Any]) -> Response[dict[str, str]]:
+    started = _running(request).started
+    return Response(
+        {"status": "ok" if started else "starting"}, status_code=200 if started else 503
+    )
+
+
+@get("/readyz", sync_to_thread=False)
+def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """Can serve: the control plane answers the change feed, or keys are cached to serve from."""
+    running = _running(request)
+    connected = running.poller is not None and running.poller.connected
+    cached = len(running.cache) if running.cache is not None else 0
+    ready = running.started and (connected or cached > 0)
+    return Response(
+        {
+            "status": "ok" if ready else "unavailable",
+            "controlplane": connected,
+            "cached_keys": cached,
+        },
+        status_code=200 if ready else 503,
+    )
+
+
+@get("/health")
+async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    """A signed round trip to the control plane."""
+    running = _running(request)
+    if running.control is None:
+        return Response({"status": "starting"}, status_code=503)
+    try:
+        answer = await running.control.health()
+    except Unreachable as exc:
+        return Response({"status": "unavailable", "controlplane": str(exc)}, status_code=503)
+    return Response(
+        {"status": "ok", "controlplane": {"revision": answer.revision, "version": answer.version}}
+    )

@@ -1,0 +1,116 @@
+"""ASGI primitives for the raw `/v1` handlers: the request head, the body, and responses."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from proxy.errors import ProxyError
+from vkgate.errors import ErrorCode
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = b"application/json"
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+_TRACEPARENT = re.compile(rb"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read."""
+
+
+class Head:
+    """What the pipeline needs from the request's headers, found in one pass."""
+
+    __slots__ = ("content_length", "key", "request_id", "traceparent")
+
+    def __init__(self, scope: Scope) -> None:
+        key: bytes | None = None
+        api_key: bytes | None = None
+        request_id: bytes | None = None
+        traceparent: bytes | None = None
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                key = value
+            elif name == b"x-api-key":
+                api_key = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"x-request-id":
+                request_id = value
+            elif name == b"traceparent":
+                traceparent = value
+        self.key = _bearer(key) if key is not None else None
+        if self.key is None and api_key:
+            self.key = api_key.decode("latin-1").strip() or None
+        self.request_id = (
+            request_id
+            if request_id is not None and _REQUEST_ID.fullmatch(request_id)
+            else os.urandom(16).hex().encode()
+        )
+        self.traceparent = (
+            traceparent if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None
+        )
+        self.content_length = int(length) if length is not None and length.isdigit() else None
+
+
+def _bearer(value: bytes) -> str | None:
+    scheme, _, token = value.decode("latin-1").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+async def read_body(receive: Receive, limit: int, content_length: int | None) -> bytes:
+    """The whole request body; 413 as soon as it is known to exceed `limit` bytes."""
+    if content_length is not None and content_length > limit:
+        raise too_large(limit)
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise too_large(limit)
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def too_large(limit: int) -> ProxyError:
+    return ProxyError(
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        f"request body is larger than {limit} bytes (VKGATE_MAX_BODY_BYTES)",
+    )
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send: Send, error: ProxyError, request_id: bytes) -> None:
+    headers = [(b"content-type", JSON), (b"x-request-id", request_id), *error.headers]
+    await respond(send, error.status, error.openai_body(), headers)

@@ -1,0 +1,118 @@
+"""Reading just the fields routing and accounting need from a request body, and patching bytes.
+
+The body is forwarded as the client sent it: only `model` (and, for streams,
+`stream_options.include_usage`) is patched in place, so tools, images, JSON mode and any field
+added by a provider tomorrow pass through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from proxy.errors import invalid
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class ChatFields(msgspec.Struct):
+    model: str
+    # Raw: each message is checked to be JSON but never decoded.
+    messages: list[msgspec.Raw]
+    stream: bool | None = None
+    stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class EmbeddingFields(msgspec.Struct):
+    model: str
+    input: msgspec.Raw
+
+
+_chat = msgspec.json.Decoder(ChatFields)
+_embeddings = msgspec.json.Decoder(EmbeddingFields)
+_encode = msgspec.json.Encoder().encode
+_PATH = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _refusal(exc: msgspec.DecodeError) -> Exception:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        found = _PATH.search(text) or _MISSING.search(text)
+        return invalid(f"invalid request body: {text}", param=found.group(1) if found else None)
+    return invalid(f"request body is not valid JSON: {text}")
+
+
+def chat_fields(body: bytes) -> ChatFields:
+    try:
+        fields = _chat.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _refusal(exc) from None
+    if not fields.model:
+        raise invalid("model must not be empty", param="model")
+    if not fields.messages:
+        raise invalid("messages must contain at least one message", param="messages")
+    return fields
+
+
+def embedding_fields(body: bytes) -> EmbeddingFields:
+    try:
+        fields = _embeddings.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _refusal(exc) from None
+    if not fields.model:
+        raise invalid("model must not be empty", param="model")
+    if bytes(fields.input) in (b"[]", b'""', b"null"):
+        raise invalid("input must not be empty", param="input")
+    return fields
+
+
+_MODEL_KEY = b'"model"'
+_BACKSLASH = 0x5C
+_WHITESPACE = b" \t\r\n"
+_USAGE_OPTION = b'"stream_options":{"include_usage":true},'
+
+
+def patch_model(body: bytes, requested: str, upstream_json: bytes) -> bytes:
+    """`body` with the top-level `model` set to the JSON string `upstream_json`.
+
+    The common body has exactly one unescaped `"model"` key, the top-level one, holding exactly
+    the bytes msgspec would write for `requested`: those few bytes are replaced. Anything else
+    (a nested "model" key, an escaped spelling) takes the slow, always-correct path.
+    """
+    at = body.find(_MODEL_KEY)
+    if at > 0 and body[at - 1] != _BACKSLASH and body.find(_MODEL_KEY, at + 1) < 0:
+        cursor = at + len(_MODEL_KEY)
+        while cursor < len(body) and body[cursor] in _WHITESPACE:
+            cursor += 1
+        if cursor < len(body) and body[cursor] == 0x3A:  # ':'
+            cursor += 1
+            while cursor < len(body) and body[cursor] in _WHITESPACE:
+                cursor += 1
+            old = _encode(requested)
+            if body.startswith(old, cursor):
+                return body[:cursor] + upstream_json + body[cursor + len(old) :]
+    document = _document(body)
+    document["model"] = msgspec.json.decode(upstream_json)
+    return _encode(document)
+
+
+def ask_for_usage(body: bytes, fields: ChatFields) -> bytes:
+    """`body` with `stream_options.include_usage` true, so a stream reports what it used."""
+    if fields.stream_options is msgspec.UNSET:
+        start = body.find(b"{")  # the body decoded as an object, so this is its opening brace
+        return body[: start + 1] + _USAGE_OPTION + body[start + 1 :]
+    document = _document(body)
+    options = document.get("stream_options")
+    document["stream_options"] = {**(options or {}), "include_usage": True}
+    return _encode(document)
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    document = msgspec.json.decode(body)
+    assert isinstance(document, dict)  # the field decoders accepted it as an object
+    return document

@@ -1,0 +1,162 @@
+"""The proxy's signed client of the control plane's internal API (off the hot path: httpx)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+import msgspec
+
+from vkgate import signing
+from vkgate.clock import Clock
+from vkgate.errors import ErrorCode
+from vkgate.wire import (
+    INTERNAL_PREFIX,
+    REVISION_HEADER,
+    ChangesResponse,
+    ConfigBundle,
+    ErrorBody,
+    HealthResponse,
+    ResolveKeyRequest,
+    ResolveKeyResponse,
+)
+
+T = TypeVar("T")
+
+
+class Unreachable(Exception):
+    """The control plane could not be asked, or failed to answer (network, 5xx, bad reply)."""
+
+
+class Refused(Exception):
+    """The control plane answered that the key cannot be used (401, 403 or 404)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    bundle: ConfigBundle | None
+    """None when unchanged since the ETag sent."""
+    etag: str | None
+
+
+_REFUSED_BY_STATUS = {
+    401: ErrorCode.INVALID_API_KEY,
+    403: ErrorCode.VIRTUAL_KEY_REVOKED,
+    404: ErrorCode.INVALID_API_KEY,
+}
+
+
+class ControlPlaneClient:
+    def __init__(
+        self,
+        base_url: str,
+        secret: str,
+        clock: Clock,
+        *,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._secret = secret
+        self._clock = clock
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=timeout_s,
+            transport=transport,
+            headers={"User-Agent": "vkgate-proxy"},
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path_and_query: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        path = INTERNAL_PREFIX + path_and_query
+        signed = signing.signed_headers(
+            self._secret, method, path, body, self._clock.now().timestamp()
+        )
+        if body:
+            signed["Content-Type"] = "application/json"
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                content=body,
+                headers={**signed, **(headers or {})},
+                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code in _REFUSED_BY_STATUS:
+            raise _refusal(response)
+        if response.status_code >= 400:
+            raise Unreachable(f"control plane answered {response.status_code}")
+        return response
+
+    async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
+        body = msgspec.json.encode(ResolveKeyRequest(key_sha256=key_sha256))
+        response = await self._call("POST", "/resolve-key", body)
+        return _decode(response, ResolveKeyResponse)
+
+    async def config(self, vk_id: str, etag: str | None = None) -> Config:
+        headers = {"If-None-Match": etag} if etag else None
+        response = await self._call("GET", f"/config/{vk_id}", headers=headers)
+        if response.status_code == 304:
+            return Config(None, etag)
+        return Config(_decode(response, ConfigBundle), response.headers.get("ETag"))
+
+    async def changes(self, since: int, timeout_s: float) -> ChangesResponse:
+        """Events after `since`; an empty list (with the revision) when none came in time."""
+        response = await self._call(
+            "GET",
+            f"/changes?since={since}&timeout_s={timeout_s:g}",
+            timeout_s=timeout_s + 10.0,
+        )
+        if response.status_code == 204:
+            try:
+                revision = int(response.headers.get(REVISION_HEADER, ""))
+            except ValueError:
+                raise Unreachable("control plane's 204 carried no revision") from None
+            return ChangesResponse(events=[], current_revision=revision)
+        return _decode(response, ChangesResponse)
+
+    async def health(self) -> HealthResponse:
+        return _decode(await self._call("GET", "/health"), HealthResponse)
+
+
+def _decode(response: httpx.Response, kind: type[T]) -> T:
+    try:
+        return msgspec.json.decode(response.content, type=kind)
+    except msgspec.DecodeError as exc:
+        raise Unreachable(f"control plane sent an unreadable answer: {exc}") from None
+
+
+def _refusal(response: httpx.Response) -> Refused:
+    fallback = _REFUSED_BY_STATUS[response.status_code]
+    try:
+        detail = msgspec.json.decode(response.content, type=ErrorBody).error
+    except msgspec.DecodeError:
+        return Refused(fallback, "virtual key refused")
+    try:
+        code = ErrorCode(detail.code)
+    except ValueError:
+        code = fallback
+    if code is ErrorCode.BAD_SIGNATURE:
+        # Our own signature was refused: a misconfigured secret, not a bad key.
+        raise Unreachable(
+            "control plane refused the proxy's signature; check VKGATE_INTERNAL_SECRET"
+        )
+    if code in (ErrorCode.NOT_FOUND, ErrorCode.UNAUTHORIZED):
+        code = ErrorCode.INVALID_API_KEY
+    return Refused(code, detail.message)

@@ -1,0 +1,42 @@
+"""The proxy's one error tree and its OpenAI-format renderer."""
+
+from __future__ import annotations
+
+import msgspec
+
+from vkgate.errors import ERRORS, ErrorCode
+from vkgate.wire import ErrorBody, ErrorDetail
+
+_encode = msgspec.json.Encoder().encode
+
+
+class ProxyError(Exception):
+    """A refusal or failure the client sees, with the code that decides its status and type."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+    @property
+    def status(self) -> int:
+        return ERRORS[self.code].status
+
+    def openai_body(self) -> bytes:
+        kind = ERRORS[self.code]
+        return _encode(
+            ErrorBody(ErrorDetail(self.message, kind.openai_type, self.code, self.param))
+        )
+
+
+def invalid(message: str, *, param: str | None = None) -> ProxyError:
+    return ProxyError(ErrorCode.INVALID_REQUEST, message, param=param)

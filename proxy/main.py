@@ -1,0 +1,54 @@
+"""Serving the proxy: the app factory servers import in each worker, and the server choice."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+
+from proxy.app import create_app
+from proxy.settings import ProxySettings
+from vkgate import env as E
+
+FACTORY = "proxy.main:from_environment"
+
+
+def from_environment() -> Litestar:
+    """The app, configured from `VKGATE_*` (each server worker calls this once)."""
+    return create_app(ProxySettings.from_env(E.environment()))
+
+
+def serve(settings: ProxySettings) -> None:
+    """Run the proxy in the foreground with the server `VKGATE_PROXY_SERVER` names.
+
+    uvicorn (uvloop, httptools) is the default: it measured the lower latency at low
+    concurrency; granian is the option for throughput at high concurrency (bench/README.md).
+    """
+    if settings.server == "granian":
+        from granian.constants import Interfaces, Loops
+        from granian.server import Server
+
+        Server(
+            FACTORY,
+            address=settings.host,
+            port=settings.port,
+            interface=Interfaces.ASGI,
+            workers=settings.workers,
+            loop=Loops.uvloop,
+            factory=True,
+            log_access=False,
+        ).serve()
+        return
+    import uvicorn
+
+    uvicorn.run(
+        FACTORY,
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )

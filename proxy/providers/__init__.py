@@ -1,0 +1,29 @@
+"""Provider adapters by kind: the registry the proxy compiles credential chains against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aiohttp
+
+from proxy.providers.base import Operation, Provider, ProviderTimeout, ProviderUnreachable, Upstream
+from proxy.providers.mock import MockProvider
+from proxy.providers.openai import OPENAI, OPENAI_COMPATIBLE, OpenAIFormat
+from vkgate.clock import Clock
+
+__all__ = [
+    "Operation",
+    "Provider",
+    "ProviderTimeout",
+    "ProviderUnreachable",
+    "Upstream",
+    "registry",
+]
+
+
+def registry(session: aiohttp.ClientSession, clock: Clock) -> Mapping[str, Provider]:
+    return {
+        "openai": OpenAIFormat(OPENAI, session),
+        "openai_compatible": OpenAIFormat(OPENAI_COMPATIBLE, session),
+        "mock": MockProvider(clock),
+    }

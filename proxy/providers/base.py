@@ -1,0 +1,72 @@
+"""The narrow interface every provider adapter implements, and what it hands back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from vkgate.wire import ChainTarget, Price
+
+
+class Operation(StrEnum):
+    CHAT = "chat"
+    EMBEDDINGS = "embeddings"
+
+
+class ProviderUnreachable(Exception):
+    """The request never reached the provider, or its connection failed before any answer."""
+
+
+class ProviderTimeout(Exception):
+    """The provider took longer than a configured timeout."""
+
+
+class Reply(Protocol):
+    """A provider's answer once its status and headers are in; the body follows."""
+
+    status: int
+    content_type: bytes
+    retry_after: bytes | None
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One credential of an alias's chain, compiled once per bundle for the hot path."""
+
+    provider_id: str
+    provider_name: str
+    kind: str
+    model: str
+    model_json: bytes
+    """`model` as a JSON string, ready to patch into a request body."""
+    adapter: Provider
+    urls: Mapping[Operation, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    stream_usage: bool = True
+    """Whether the provider reports usage in a stream when asked (`stream_options`)."""
+    price: Price | None = None
+
+
+class Provider(Protocol):
+    kind: str
+
+    def compile(self, target: ChainTarget) -> Upstream:
+        """Everything per-credential worked out once: URLs, headers, the patched model."""
+        ...
+
+    async def send(
+        self, upstream: Upstream, operation: Operation, body: bytes, headers: Mapping[str, str]
+    ) -> Reply:
+        """Send `body` and return once the provider's status and headers arrived.
+
+        Raises ProviderUnreachable or ProviderTimeout; never the transport's own exceptions.
+        """
+        ...

@@ -1,0 +1,92 @@
+"""A key's config bundle compiled into the immutable object requests are served from.
+
+Refresh builds a new `KeyRuntime` and swaps the reference, so a request never sees
+half-applied config.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import msgspec
+
+from proxy.providers import Provider, Upstream
+from vkgate.wire import BudgetState, ConfigBundle, Limits
+
+log = logging.getLogger("vkgate.proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRuntime:
+    vk_id: str
+    organization_id: str
+    project_id: str
+    team_id: str | None
+    revision: int
+    expires_at: float | None
+    """The key's own expiry, unix seconds."""
+    chains: Mapping[str, tuple[Upstream, ...]]
+    """Every alias this key may use, with its compiled credential chain."""
+    not_allowed: frozenset[str]
+    """Aliases of the key's policy outside its `allowed_models`: 403, not 404."""
+    models_body: bytes
+    """The `GET /v1/models` answer, encoded once."""
+    provider_ids: frozenset[str]
+    limits: Limits
+    budgets: tuple[BudgetState, ...]
+
+
+def parse_time(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> KeyRuntime:
+    allowed = set(bundle.allowed_models) if bundle.allowed_models is not None else None
+    chains: dict[str, tuple[Upstream, ...]] = {}
+    not_allowed: set[str] = set()
+    for alias, targets in bundle.aliases.items():
+        if allowed is not None and alias not in allowed:
+            not_allowed.add(alias)
+            continue
+        compiled = []
+        for target in targets:
+            provider = providers.get(target.kind)
+            if provider is None:
+                # A kind this proxy version cannot call is left out of the chain, not guessed at.
+                log.warning(
+                    "provider kind %s of provider %s is not supported here; skipped",
+                    target.kind,
+                    target.provider_id,
+                )
+                continue
+            compiled.append(provider.compile(target))
+        chains[alias] = tuple(compiled)
+    models = {
+        "object": "list",
+        "data": [
+            {
+                "id": alias,
+                "object": "model",
+                "created": 0,
+                "owned_by": chain[0].provider_name if chain else "vkgate",
+            }
+            for alias, chain in sorted(chains.items())
+        ],
+    }
+    return KeyRuntime(
+        vk_id=bundle.vk_id,
+        organization_id=bundle.organization_id,
+        project_id=bundle.project_id,
+        team_id=bundle.team_id,
+        revision=bundle.revision,
+        expires_at=parse_time(bundle.expires_at),
+        chains=chains,
+        not_allowed=frozenset(not_allowed),
+        models_body=msgspec.json.encode(models),
+        provider_ids=frozenset(t.provider_id for ts in bundle.aliases.values() for t in ts),
+        limits=bundle.limits,
+        budgets=tuple(bundle.budgets),
+    )
