@@ -13,11 +13,11 @@ import hashlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from cachetools import LRUCache
 
-from proxy.control import ControlPlaneClient, Refused, Unreachable
+from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers import Provider
 from proxy.runtime import KeyRuntime, compile_bundle, parse_time
@@ -31,6 +31,18 @@ log = logging.getLogger("vkgate.proxy.auth")
 # waits on the control plane.
 RESOLVE_AHEAD_S = 120.0
 REFRESH_CONCURRENCY = 8
+T = TypeVar("T")
+
+
+class ControlPlane(Protocol):
+    """What the cache asks the control plane (`ControlPlaneClient` in production).
+
+    Both raise `Refused` when the key cannot be used, and `Unreachable` when no answer came.
+    """
+
+    async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse: ...
+
+    async def config(self, vk_id: str, etag: str | None = None) -> Config: ...
 
 
 @dataclass(slots=True)
@@ -49,6 +61,8 @@ class Entry:
     dirty: bool = False
     """Set when a refresh is wanted; a running refresh checks it again before it stops."""
     must_resolve: bool = False
+    evicted: bool = False
+    """Set when a refusal or a change event evicted it: it must not come back from the dead."""
 
 
 class _Entries(LRUCache[str, Entry]):
@@ -71,11 +85,16 @@ class _Entries(LRUCache[str, Entry]):
             if not digests:
                 del self.by_vk[entry.runtime.vk_id]
 
+    def clear(self) -> None:
+        # cachetools empties its storage directly here, without deleting item by item.
+        super().clear()
+        self.by_vk.clear()
+
 
 class AuthCache:
     def __init__(
         self,
-        control: ControlPlaneClient,
+        control: ControlPlane,
         providers: Mapping[str, Provider],
         clock: Clock,
         *,
@@ -91,8 +110,12 @@ class AuthCache:
         self._soft_bump_s = soft_bump_s
         self._hard_grace_s = hard_grace_s
         self._config_ttl_s = config_ttl_s
-        self._loading: dict[str, asyncio.Future[Entry]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._loading: dict[str, asyncio.Task[Entry]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # Bumped when change events evict keys (or the cache is cleared), and by every change
+        # event: a resolution under way meanwhile may predate what changed.
+        self._evictions = 0
+        self._changes = 0
         self._refresh_slots = asyncio.Semaphore(REFRESH_CONCURRENCY)
 
     def __len__(self) -> int:
@@ -117,24 +140,35 @@ class AuthCache:
     # -- misses and expired resolutions -------------------------------------------------------
 
     async def _load(self, digest: str) -> Entry:
-        """One control-plane round trip per key however many requests miss at once."""
-        pending = self._loading.get(digest)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._loading[digest] = future
-        try:
-            entry = await self._fetch(digest)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
-        else:
-            future.set_result(entry)
-            self._entries[digest] = entry
-            return entry
-        finally:
+        """One control-plane round trip per key however many requests miss at once.
+
+        The round trip runs in a task of its own, so a client that goes away while waiting for
+        it neither cancels it nor fails the requests waiting beside it.
+        """
+        task = self._loading.get(digest)
+        if task is None or task.done():
+            task = self._spawn(self._resolve(digest))
+            self._loading[digest] = task
+            task.add_done_callback(lambda done: self._loaded(digest, done))
+        return await asyncio.shield(task)
+
+    def _loaded(self, digest: str, task: asyncio.Task[Entry]) -> None:
+        if self._loading.get(digest) is task:
             del self._loading[digest]
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning when every waiter left
+
+    async def _resolve(self, digest: str) -> Entry:
+        evictions, changes = self._evictions, self._changes
+        entry = await self._fetch(digest)
+        if self._evictions != evictions:
+            # A key was revoked, disabled or rotated while this answer was on its way, and it
+            # may be this one: serve the requests that asked before, but keep nothing.
+            return entry
+        self._entries[digest] = entry
+        if self._changes != changes:
+            self._schedule_refresh(entry, resolve=True)
+        return entry
 
     async def _fetch(self, digest: str, etag: str | None = None) -> Entry:
         try:
@@ -176,6 +210,8 @@ class AuthCache:
             if exc.code is not ErrorCode.AUTH_UPSTREAM_UNAVAILABLE:
                 self._evict(entry.digest)  # the control plane said no: believe it now
                 raise
+            if entry.evicted:
+                raise  # a change event evicted it meanwhile: never bring it back
             if now >= entry.hard_until:
                 self._evict(entry.digest)
                 raise
@@ -193,10 +229,11 @@ class AuthCache:
 
     # -- background refresh --------------------------------------------------------------------
 
-    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, job: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _schedule_refresh(self, entry: Entry, *, resolve: bool = False) -> None:
         """Refresh `entry` in the background; a refresh already running goes round once more."""
@@ -209,13 +246,17 @@ class AuthCache:
     async def _refresh(self, entry: Entry) -> None:
         try:
             async with self._refresh_slots:
-                while entry.dirty:
+                while entry.dirty and not entry.evicted:
                     entry.dirty = False
                     await self._refresh_once(entry)
         except Refused:
             self._evict(entry.digest)
         except Unreachable as exc:
             log.warning("config refresh of key %s failed: %s", entry.runtime.vk_id, exc)
+            entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
+        except Exception:
+            # The entry keeps serving what it has; the next refresh is due after the usual TTL.
+            log.exception("config refresh of key %s failed", entry.runtime.vk_id)
             entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
         finally:
             entry.refreshing = False
@@ -239,36 +280,56 @@ class AuthCache:
 
     def apply(self, event: ChangeEvent) -> None:
         """Evict or refresh the entries an event from the change feed affects."""
+        self._changes += 1
         kind = event.kind
+        vk_id = event.vk_id or event.entity_id
         if kind in (EventKind.VK_REVOKED, EventKind.VK_DISABLED, EventKind.VK_ROTATED):
-            self.evict_key(event.vk_id or event.entity_id)
+            self.evict_key(vk_id)
         elif kind in (EventKind.VK_CONFIG_UPDATED, EventKind.VK_ENABLED):
-            self._refresh_where(lambda r: r.vk_id == (event.vk_id or event.entity_id))
+            # Its expiry may have changed too: resolve again, not just re-fetch the bundle.
+            for digest in list(self._entries.by_vk.get(vk_id, ())):
+                entry = self._entries.get(digest)
+                if entry is not None:
+                    self._schedule_refresh(entry, resolve=True)
         elif kind is EventKind.MODEL_PROVIDER_UPDATED:
             self._refresh_where(
                 lambda r: (
                     r.organization_id == event.organization_id and event.entity_id in r.provider_ids
                 )
             )
+        elif kind in (EventKind.BUDGET_UPDATED, EventKind.BUDGET_DELETED):
+            # A budget's scope never changes: only the keys it already applies to are affected.
+            # (Spend debits one every few seconds, so this must not refresh a whole organization.)
+            self._refresh_where(lambda r: any(b.budget_id == event.entity_id for b in r.budgets))
         elif kind is not EventKind.VK_CREATED:
-            # Budgets and routing policies: every cached key of the organization.
+            # A new budget, routing policies: every cached key of the organization.
             self._refresh_where(lambda r: r.organization_id == event.organization_id)
 
     def evict_key(self, vk_id: str) -> None:
+        self._evictions += 1
         for digest in list(self._entries.by_vk.get(vk_id, ())):
             self._evict(digest)
 
     def clear(self) -> None:
+        self._evictions += 1
+        for entry in self._entries.values():
+            entry.evicted = True
         self._entries.clear()
 
     def _evict(self, digest: str) -> None:
-        if digest in self._entries:
-            del self._entries[digest]
+        entry = self._entries.pop(digest, None)
+        if entry is not None:
+            entry.evicted = True
 
     def _refresh_where(self, affected: Callable[[KeyRuntime], bool]) -> None:
         for entry in list(self._entries.values()):
             if affected(entry.runtime):
-                self._schedule_refresh(entry, resolve=True)
+                self._schedule_refresh(entry)
+
+    async def settle(self) -> None:
+        """Wait until the background work under way (refreshes, shared resolutions) is done."""
+        while pending := [task for task in self._tasks if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
         for task in list(self._tasks):

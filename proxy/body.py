@@ -37,6 +37,8 @@ _embeddings = msgspec.json.Decoder(EmbeddingFields)
 _encode = msgspec.json.Encoder().encode
 _PATH = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
+# Fails at the first byte of any real input, however long: cheap on a large batch.
+_EMPTY_INPUT = re.compile(rb'\[[ \t\r\n]*\]|""|null')
 
 
 def _refusal(exc: msgspec.DecodeError) -> Exception:
@@ -66,7 +68,7 @@ def embedding_fields(body: bytes) -> EmbeddingFields:
         raise _refusal(exc) from None
     if not fields.model:
         raise invalid("model must not be empty", param="model")
-    if bytes(fields.input) in (b"[]", b'""', b"null"):
+    if _EMPTY_INPUT.fullmatch(bytes(fields.input)):
         raise invalid("input must not be empty", param="input")
     return fields
 
@@ -74,6 +76,8 @@ def embedding_fields(body: bytes) -> EmbeddingFields:
 _MODEL_KEY = b'"model"'
 _BACKSLASH = 0x5C
 _WHITESPACE = b" \t\r\n"
+# Every escaped letter of "model" (m o d e l: 0x6d 0x6f 0x64 0x65 0x6c) starts so.
+_ESCAPED_MODEL_LETTER = b"\\u006"
 _USAGE_OPTION = b'"stream_options":{"include_usage":true},'
 
 
@@ -85,7 +89,12 @@ def patch_model(body: bytes, requested: str, upstream_json: bytes) -> bytes:
     (a nested "model" key, an escaped spelling) takes the slow, always-correct path.
     """
     at = body.find(_MODEL_KEY)
-    if at > 0 and body[at - 1] != _BACKSLASH and body.find(_MODEL_KEY, at + 1) < 0:
+    if (
+        at > 0
+        and body[at - 1] != _BACKSLASH
+        and body.find(_MODEL_KEY, at + 1) < 0
+        and _top_level(body, at)
+    ):
         cursor = at + len(_MODEL_KEY)
         while cursor < len(body) and body[cursor] in _WHITESPACE:
             cursor += 1
@@ -95,17 +104,33 @@ def patch_model(body: bytes, requested: str, upstream_json: bytes) -> bytes:
                 cursor += 1
             old = _encode(requested)
             if body.startswith(old, cursor):
-                return body[:cursor] + upstream_json + body[cursor + len(old) :]
+                # Joined from views: one copy of a large body rather than three.
+                view = memoryview(body)
+                return b"".join((view[:cursor], upstream_json, view[cursor + len(old) :]))
     document = _document(body)
     document["model"] = msgspec.json.decode(upstream_json)
     return _encode(document)
 
 
+def _top_level(body: bytes, at: int) -> bool:
+    """Whether the only unescaped `"model"` key, at `at`, can be the top-level one.
+
+    It is when no object or array opens before it. Otherwise it might be a nested key while
+    the top-level one is spelled with escapes (`"m\\u006fdel"`); patching it would leave the
+    requested alias in the body the provider reads, so any such escape takes the slow path.
+    """
+    if body.find(b"{", 1, at) < 0 and body.find(b"[", 1, at) < 0:
+        return True
+    # A single byte is found at memchr speed; most bodies stop here.
+    return b"\\" not in body or _ESCAPED_MODEL_LETTER not in body
+
+
 def ask_for_usage(body: bytes, fields: ChatFields) -> bytes:
     """`body` with `stream_options.include_usage` true, so a stream reports what it used."""
     if fields.stream_options is msgspec.UNSET:
-        start = body.find(b"{")  # the body decoded as an object, so this is its opening brace
-        return body[: start + 1] + _USAGE_OPTION + body[start + 1 :]
+        start = body.find(b"{") + 1  # the body decoded as an object: this is its opening brace
+        view = memoryview(body)
+        return b"".join((view[:start], _USAGE_OPTION, view[start:]))
     document = _document(body)
     options = document.get("stream_options")
     document["stream_options"] = {**(options or {}), "include_usage": True}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import msgspec
 
 _TERMINATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_SIZES = tuple(len(terminator) for terminator in _TERMINATORS)
+_LONGEST = max(_SIZES)
 
 
 class Usage(msgspec.Struct):
@@ -25,16 +27,6 @@ class _Chunk(msgspec.Struct):
 _chunk = msgspec.json.Decoder(_Chunk)
 
 
-def _boundary(buffer: bytes, start: int) -> tuple[int, int]:
-    """Index and length of the first event terminator at or after `start`, or (-1, 0)."""
-    best, size = -1, 0
-    for terminator in _TERMINATORS:
-        at = buffer.find(terminator, start)
-        if at >= 0 and (best < 0 or at < best):
-            best, size = at, len(terminator)
-    return best, size
-
-
 class UsageChunkFilter:
     """Passes an OpenAI chat stream through minus the usage-only chunk the client didn't ask for.
 
@@ -49,20 +41,52 @@ class UsageChunkFilter:
 
     def feed(self, data: bytes) -> bytes:
         """The complete events in `data` (plus what was pending) that go to the client."""
-        buffer = self._pending + data if self._pending else data
+        if self._pending:
+            # The pending bytes hold no terminator: only one straddling the seam can be new.
+            search = max(len(self._pending) - _LONGEST + 1, 0)
+            buffer = self._pending + data
+        else:
+            search, buffer = 0, data
         out: list[bytes] = []
         start = 0
+        lf = buffer.find(b"\n\n", search)
+        crlf = buffer.find(b"\r\n\r\n", search)
+        cr = buffer.find(b"\r\r", search)
+        if crlf < 0 and cr < 0:  # the usual stream: LF line endings only
+            while lf >= 0:
+                end = lf + 2
+                event = buffer[start:end]
+                if not self._is_usage_only(event):
+                    out.append(event)
+                start = end
+                lf = buffer.find(b"\n\n", start)
+        else:
+            start = self._split_mixed(buffer, [lf, crlf, cr], out)
+        self._pending = buffer[start:]
+        return b"".join(out)
+
+    def _split_mixed(self, buffer: bytes, found: list[int], out: list[bytes]) -> int:
+        """Events ended by any terminator; `found` holds where each occurs next.
+
+        A position is searched again only once passed, so a chunk of many events is scanned
+        once, not once per event. Returns where the unterminated rest begins.
+        """
+        start = 0
         while True:
-            at, size = _boundary(buffer, start)
-            if at < 0:
-                break
-            end = at + size
+            first = -1  # the terminator that starts first
+            for index, at in enumerate(found):
+                if at >= 0 and (first < 0 or at < found[first]):
+                    first = index
+            if first < 0:
+                return start
+            end = found[first] + _SIZES[first]
             event = buffer[start:end]
             if not self._is_usage_only(event):
                 out.append(event)
             start = end
-        self._pending = buffer[start:]
-        return b"".join(out)
+            for index, at in enumerate(found):
+                if 0 <= at < start:
+                    found[index] = buffer.find(_TERMINATORS[index], start)
 
     def flush(self) -> bytes:
         """Whatever is left when the upstream ends (an unterminated last event)."""
@@ -70,16 +94,21 @@ class UsageChunkFilter:
         return b"" if self._is_usage_only(rest) else rest
 
     def _is_usage_only(self, event: bytes) -> bool:
+        """Whether `event` is the usage-only chunk, keeping its usage when it is.
+
+        Only an event whose one `data:` line is that chunk: an event that also carries other
+        data (a malformed stream that glued chunks together) passes whole.
+        """
         if b'"usage"' not in event or b'"choices"' not in event:
             return False
-        for line in event.splitlines():
-            if not line.startswith(b"data:"):
-                continue
-            try:
-                chunk = _chunk.decode(line[5:].strip())
-            except msgspec.DecodeError:
-                return False
-            if chunk.usage is not None and not chunk.choices:
-                self.usage = chunk.usage
-                return True
-        return False
+        data = [line for line in event.splitlines() if line.startswith(b"data:")]
+        if len(data) != 1:
+            return False
+        try:
+            chunk = _chunk.decode(data[0][5:].strip())
+        except msgspec.DecodeError:
+            return False
+        if chunk.usage is None or chunk.choices:
+            return False
+        self.usage = chunk.usage
+        return True

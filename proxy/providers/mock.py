@@ -105,16 +105,23 @@ class MockProvider:
         return self._chat(request, body)
 
     def _chat(self, request: dict[str, Any], body: bytes) -> MockReply:
-        messages = request.get("messages") or []
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            # A real provider refuses such a body with a 400; so does this one.
+            return _error("messages must be a list of message objects", "messages")
         prompt_tokens = sum(3 + count_tokens(_text(m.get("content"))) for m in messages) + 3
+        content = REPLY
+        if _object(request, "response_format").get("type") in ("json_object", "json_schema"):
+            content = _encode({"mock": True, "reply": content}).decode()
+        # Cut last, as a provider does: JSON mode can end mid-object when `max_tokens` is hit.
         content, finish = _truncated(
-            REPLY, request.get("max_completion_tokens") or request.get("max_tokens")
+            content, request.get("max_completion_tokens") or request.get("max_tokens")
         )
         tool_call = _tool_call(request, messages)
-        fmt = request.get("response_format") or {}
-        if fmt.get("type") in ("json_object", "json_schema"):
-            content = _encode({"mock": True, "reply": content}).decode()
-        completion_tokens = count_tokens(content) if tool_call is None else 5
+        asked_n = request.get("n")
+        n: int = asked_n if isinstance(asked_n, int) and asked_n > 0 else 1
+        # Every choice is generated, and paid for.
+        completion_tokens = n * (count_tokens(content) if tool_call is None else 5)
         ident = "chatcmpl-mock-" + hashlib.sha256(body).hexdigest()[:24]
         created = int(self._clock.now().timestamp())
         model = request.get("model", "mock")
@@ -132,10 +139,8 @@ class MockProvider:
             finish = "tool_calls"
         else:
             message = {"role": "assistant", "content": content, "refusal": None}
-        asked_n = request.get("n")
-        n: int = asked_n if isinstance(asked_n, int) and asked_n > 0 else 1
         if request.get("stream"):
-            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            include_usage = bool(_object(request, "stream_options").get("include_usage"))
             events = _stream(
                 ident, created, model, message, finish, n, usage if include_usage else None
             )
@@ -164,8 +169,10 @@ class MockProvider:
     def _embeddings(self, request: dict[str, Any]) -> MockReply:
         raw = request.get("input")
         inputs = raw if isinstance(raw, list) and raw and not isinstance(raw[0], int) else [raw]
-        dimensions = request.get("dimensions") or EMBEDDING_DIMENSIONS
-        if not isinstance(dimensions, int) or not 1 <= dimensions <= 4096:
+        dimensions = request.get("dimensions")
+        if dimensions is None:
+            dimensions = EMBEDDING_DIMENSIONS
+        if type(dimensions) is not int or not 1 <= dimensions <= 4096:
             return _error("dimensions must be a whole number from 1 to 4096", "dimensions")
         as_base64 = request.get("encoding_format") == "base64"
         data, tokens = [], 0
@@ -189,26 +196,34 @@ class MockProvider:
 
 
 def _truncated(text: str, limit: Any) -> tuple[str, str]:
-    """`text` cut to at most `limit` tokens, whole words only, and the finish reason."""
-    if not isinstance(limit, int) or limit <= 0 or count_tokens(text) <= limit:
+    """`text` cut after its `limit`-th token, and the finish reason.
+
+    Cut there, the answer uses exactly `limit` tokens, as a provider's does when it stops for
+    length; a word can be cut in two.
+    """
+    if type(limit) is not int or limit <= 0 or count_tokens(text) <= limit:
         return text, "stop"
-    kept = ""
-    for word in re.findall(r"\s*\S+", text):
-        if count_tokens(kept + word) > limit:
-            break
-        kept += word
-    return kept, "length"
+    ends = [token.end() for token in _TOKEN.finditer(text)]
+    return text[: ends[limit - 1]], "length"
+
+
+def _object(parent: dict[str, Any], name: str) -> dict[str, Any]:
+    """`parent[name]` when it is an object, else an empty one: odd values are not a crash."""
+    value = parent.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _tool_call(request: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A call of the first (or the chosen) tool, when the last message is the user's."""
-    tools = request.get("tools") or []
+    tools = request.get("tools")
     choice = request.get("tool_choice", "auto")
-    if not tools or choice == "none" or not messages or messages[-1].get("role") != "user":
+    if not tools or not isinstance(tools, list) or not isinstance(tools[0], dict):
         return None
-    name = tools[0].get("function", {}).get("name", "tool")
+    if choice == "none" or not messages or messages[-1].get("role") != "user":
+        return None
+    name = _object(tools[0], "function").get("name", "tool")
     if isinstance(choice, dict):
-        name = choice.get("function", {}).get("name", name)
+        name = _object(choice, "function").get("name", name)
     return {"id": "call_mock_0", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
 

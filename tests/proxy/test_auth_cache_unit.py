@@ -1,0 +1,803 @@
+"""The auth cache on its own: a fake control plane, a manual clock, and no network or sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import pytest
+
+from proxy.auth import AuthCache
+from proxy.control import Config, Refused, Unreachable
+from proxy.errors import ProxyError
+from proxy.providers.mock import MockProvider
+from tests.support.clock import ManualClock
+from vkgate.clock import rfc3339
+from vkgate.errors import ErrorCode
+from vkgate.wire import (
+    BudgetState,
+    ChainTarget,
+    ChangeEvent,
+    ConfigBundle,
+    EventKind,
+    Limits,
+    ResolveKeyResponse,
+)
+
+JWT_LIFETIME = timedelta(minutes=15)
+SOFT_BUMP_S = 300.0
+HARD_GRACE_S = 21_600.0
+CONFIG_TTL_S = 60.0
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def target(provider_id: str, model: str) -> ChainTarget:
+    return ChainTarget(
+        provider_id=provider_id, provider_name=provider_id, kind="mock", base_url=None, model=model
+    )
+
+
+def budget(budget_id: str) -> BudgetState:
+    return BudgetState(
+        budget_id=budget_id,
+        name=None,
+        scope_kind="project",
+        scope_id="proj",
+        window="month",
+        limit_usd="10",
+        on_breach="block",
+    )
+
+
+@dataclass
+class Key:
+    vk_id: str
+    org: str
+    expires_at: datetime | None = None
+    """The virtual key's own expiry."""
+    valid_until: datetime | None = None
+    """The end of a rotation grace, for a rotated-out key."""
+    refused: ErrorCode | None = None
+    aliases: dict[str, list[ChainTarget]] = field(
+        default_factory=lambda: {"chat": [target("prov-a", "mock-small")]}
+    )
+    budgets: list[BudgetState] = field(default_factory=list)
+    revision: int = 1
+    garbled: bool = False
+    """Send a bundle the proxy cannot compile (an unreadable expiry)."""
+
+
+class FakeControlPlane:
+    """The control plane's resolve-key and config answers, from keys the test registers.
+
+    `down` makes every call fail as unreachable. While `resolve_gate` (or `config_gate`) is set
+    and not yet open, that call's answer, worked out when it was asked, is held until it opens.
+    """
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.keys: dict[str, Key] = {}
+        self.down = False
+        self.resolve_gate: asyncio.Event | None = None
+        self.config_gate: asyncio.Event | None = None
+        self.resolves: list[str] = []
+        self.configs: list[tuple[str, str | None]] = []
+
+    def issue(self, presented: str, vk_id: str, org: str = "org-1", **fields: object) -> Key:
+        key = next((k for k in self.keys.values() if k.vk_id == vk_id), None)
+        if key is None:
+            key = Key(vk_id, org, **fields)  # type: ignore[arg-type]
+        self.keys[digest(presented)] = key
+        return key
+
+    def key(self, vk_id: str) -> Key:
+        return next(k for k in self.keys.values() if k.vk_id == vk_id)
+
+    def calls(self) -> tuple[int, int]:
+        return len(self.resolves), len(self.configs)
+
+    async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
+        self.resolves.append(key_sha256)
+        try:
+            answer: ResolveKeyResponse | Exception = self._resolution(key_sha256)
+        except (Refused, Unreachable) as exc:
+            answer = exc
+        if self.resolve_gate is not None:
+            await self.resolve_gate.wait()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def config(self, vk_id: str, etag: str | None = None) -> Config:
+        self.configs.append((vk_id, etag))
+        try:
+            answer: Config | Exception = self._config(vk_id, etag)
+        except (Refused, Unreachable) as exc:
+            answer = exc
+        if self.config_gate is not None:
+            await self.config_gate.wait()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def _resolution(self, key_sha256: str) -> ResolveKeyResponse:
+        if self.down:
+            raise Unreachable("ConnectError: connection refused")
+        key = self.keys.get(key_sha256)
+        if key is None:
+            raise Refused(ErrorCode.INVALID_API_KEY, "invalid virtual key")
+        if key.refused is not None:
+            raise Refused(key.refused, "virtual key refused")
+        now = self.clock.now()
+        stops = [t for t in (key.expires_at, key.valid_until) if t is not None]
+        key_expires_at = min(stops) if stops else None
+        expires_at = min([now + JWT_LIFETIME, *stops])
+        return ResolveKeyResponse(
+            jwt="header.payload.signature",
+            vk_id=key.vk_id,
+            organization_id=key.org,
+            revision=key.revision,
+            expires_at=rfc3339(expires_at),
+            key_expires_at=rfc3339(key_expires_at) if key_expires_at else None,
+        )
+
+    def _config(self, vk_id: str, etag: str | None) -> Config:
+        if self.down:
+            raise Unreachable("control plane answered 503")
+        key = self.key(vk_id)
+        if key.refused is not None:
+            raise Refused(key.refused, "virtual key refused")
+        tag = f'"{vk_id}-{key.revision}"'
+        if etag == tag:
+            return Config(None, tag)
+        bundle = ConfigBundle(
+            vk_id=vk_id,
+            organization_id=key.org,
+            project_id="proj",
+            team_id=None,
+            status="active",
+            revision=key.revision,
+            limits=Limits(),
+            allowed_models=None,
+            aliases=dict(key.aliases),
+            budgets=list(key.budgets),
+            expires_at=rfc3339(key.expires_at) if key.expires_at else None,
+        )
+        if key.garbled:
+            bundle.expires_at = "next tuesday"
+        return Config(bundle, tag)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def control(clock: ManualClock) -> FakeControlPlane:
+    return FakeControlPlane(clock)
+
+
+def make_cache(
+    control: FakeControlPlane,
+    clock: ManualClock,
+    maxsize: int = 100,
+    config_ttl_s: float = CONFIG_TTL_S,
+) -> AuthCache:
+    return AuthCache(
+        control,
+        {"mock": MockProvider(clock)},
+        clock,
+        maxsize=maxsize,
+        soft_bump_s=SOFT_BUMP_S,
+        hard_grace_s=HARD_GRACE_S,
+        config_ttl_s=config_ttl_s,
+    )
+
+
+@pytest.fixture
+async def cache(control: FakeControlPlane, clock: ManualClock) -> AsyncIterator[AuthCache]:
+    auth = make_cache(control, clock)
+    yield auth
+    await auth.close()
+
+
+async def refused(cache: AuthCache, key: str) -> ErrorCode:
+    with pytest.raises(ProxyError) as raised:
+        await cache.authenticate(key)
+    return raised.value.code
+
+
+def event(
+    kind: EventKind, entity_id: str, org: str = "org-1", vk_id: str | None = None
+) -> ChangeEvent:
+    return ChangeEvent(
+        revision=1,
+        kind=kind,
+        organization_id=org,
+        entity_kind="virtual_key" if kind.startswith("VK_") else "other",
+        entity_id=entity_id,
+        at="2026-03-10T12:00:00Z",
+        vk_id=vk_id,
+    )
+
+
+# -- misses and hits ------------------------------------------------------------------------
+
+
+async def test_a_miss_resolves_the_hash_and_compiles_the_bundle(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-one", "vk_1")
+    runtime = await cache.authenticate("vk-one")
+    assert runtime.vk_id == "vk_1"
+    assert [u.model for u in runtime.chains["chat"]] == ["mock-small"]
+    assert control.resolves == [digest("vk-one")]
+    assert control.configs == [("vk_1", None)]
+
+
+async def test_a_hit_asks_the_control_plane_nothing(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    first = await cache.authenticate("vk-one")
+    clock.advance(CONFIG_TTL_S - 1)
+    for _ in range(5):
+        assert await cache.authenticate("vk-one") is first
+    await cache.settle()
+    assert control.calls() == (1, 1)
+
+
+async def test_concurrent_misses_of_one_key_share_one_resolution(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-one", "vk_1")
+    runtimes = await asyncio.gather(*(cache.authenticate("vk-one") for _ in range(20)))
+    assert len({id(r) for r in runtimes}) == 1
+    assert control.calls() == (1, 1)
+
+
+async def test_a_waiter_that_goes_away_does_not_fail_the_others(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-one", "vk_1")
+    control.resolve_gate = asyncio.Event()
+    first = asyncio.ensure_future(cache.authenticate("vk-one"))
+    second = asyncio.ensure_future(cache.authenticate("vk-one"))
+    while not control.resolves:
+        await asyncio.sleep(0)
+    first.cancel()
+    control.resolve_gate.set()
+    assert (await second).vk_id == "vk_1"
+    assert first.cancelled()
+    assert len(cache) == 1
+    assert control.calls() == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "status"),
+    [
+        (ErrorCode.INVALID_API_KEY, 401),
+        (ErrorCode.VIRTUAL_KEY_REVOKED, 403),
+        (ErrorCode.VIRTUAL_KEY_DISABLED, 403),
+        (ErrorCode.VIRTUAL_KEY_EXPIRED, 401),
+    ],
+)
+async def test_a_refused_key_is_refused_with_the_control_planes_code_and_not_cached(
+    cache: AuthCache, control: FakeControlPlane, refusal: ErrorCode, status: int
+) -> None:
+    control.issue("vk-one", "vk_1", refused=refusal)
+    with pytest.raises(ProxyError) as raised:
+        await cache.authenticate("vk-one")
+    assert raised.value.code is refusal
+    assert raised.value.status == status
+    assert await refused(cache, "vk-one") is refusal
+    assert control.calls() == (2, 0)
+    assert len(cache) == 0
+
+
+async def test_an_unknown_key_is_an_invalid_api_key(cache: AuthCache) -> None:
+    assert await refused(cache, "vk-never-issued") is ErrorCode.INVALID_API_KEY
+
+
+async def test_a_miss_while_the_control_plane_is_down_is_503(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-one", "vk_1")
+    control.down = True
+    with pytest.raises(ProxyError) as raised:
+        await cache.authenticate("vk-one")
+    assert raised.value.code is ErrorCode.AUTH_UPSTREAM_UNAVAILABLE
+    assert raised.value.status == 503
+    control.down = False
+    assert (await cache.authenticate("vk-one")).vk_id == "vk_1"
+
+
+# -- expiry, refused locally ----------------------------------------------------------------
+
+
+async def test_a_key_past_its_own_expiry_is_refused_locally_as_expired(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1", expires_at=clock.now() + timedelta(minutes=5))
+    await cache.authenticate("vk-one")
+    clock.advance(5 * 60)
+    control.down = True  # the refusal needs no control plane, and no stale grace saves it
+    assert await refused(cache, "vk-one") is ErrorCode.VIRTUAL_KEY_EXPIRED
+    assert control.calls() == (1, 1)
+    assert len(cache) == 0
+
+
+async def test_a_rotated_out_key_past_its_grace_is_an_invalid_api_key(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-old", "vk_1", valid_until=clock.now() + timedelta(minutes=10))
+    await cache.authenticate("vk-old")
+    clock.advance(10 * 60 - 1)
+    assert (await cache.authenticate("vk-old")).vk_id == "vk_1"
+    clock.advance(1)
+    assert await refused(cache, "vk-old") is ErrorCode.INVALID_API_KEY
+    assert control.calls() == (1, 1)
+
+
+async def test_an_expired_resolution_is_asked_again(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    clock.advance(JWT_LIFETIME.total_seconds())
+    assert (await cache.authenticate("vk-one")).vk_id == "vk_1"
+    assert len(control.resolves) == 2
+
+
+# -- stale serving while the control plane is unreachable -----------------------------------
+
+
+async def test_a_cached_key_is_served_stale_a_soft_bump_at_a_time(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    # No background refresh falls due here: only the requests' own asking is counted.
+    cache = make_cache(control, clock, config_ttl_s=HARD_GRACE_S * 2)
+    try:
+        control.issue("vk-one", "vk_1")
+        runtime = await cache.authenticate("vk-one")
+        control.down = True
+        clock.advance(JWT_LIFETIME.total_seconds())
+
+        assert await cache.authenticate("vk-one") is runtime  # asks, fails, serves stale
+        assert len(control.resolves) == 2
+        clock.advance(SOFT_BUMP_S - 1)
+        assert await cache.authenticate("vk-one") is runtime  # within the bump: does not ask
+        assert len(control.resolves) == 2
+        clock.advance(1)
+        assert await cache.authenticate("vk-one") is runtime  # the bump ran out: asks again
+        assert len(control.resolves) == 3
+    finally:
+        await cache.close()
+
+
+async def test_a_stale_key_is_served_without_waiting_on_background_attempts(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    runtime = await cache.authenticate("vk-one")
+    control.down = True
+    clock.advance(JWT_LIFETIME.total_seconds())
+    assert await cache.authenticate("vk-one") is runtime
+    control.resolve_gate = asyncio.Event()  # a call to the control plane now hangs until opened
+    clock.advance(SOFT_BUMP_S - 1)  # config is due: a refresh starts behind the request
+    assert await cache.authenticate("vk-one") is runtime
+    control.resolve_gate.set()
+    await cache.settle()
+    assert await cache.authenticate("vk-one") is runtime
+
+
+async def test_stale_serving_ends_at_the_hard_grace(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    control.down = True
+    clock.advance(JWT_LIFETIME.total_seconds())
+    served = 0
+    while True:
+        try:
+            await cache.authenticate("vk-one")
+        except ProxyError as exc:
+            assert exc.code is ErrorCode.AUTH_UPSTREAM_UNAVAILABLE
+            break
+        served += 1
+        clock.advance(SOFT_BUMP_S)
+    assert served == HARD_GRACE_S // SOFT_BUMP_S
+    assert len(cache) == 0
+    control.down = False
+    assert (await cache.authenticate("vk-one")).vk_id == "vk_1"
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [ErrorCode.INVALID_API_KEY, ErrorCode.VIRTUAL_KEY_REVOKED, ErrorCode.VIRTUAL_KEY_DISABLED],
+)
+async def test_a_refusal_on_revalidation_evicts_at_once(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock, refusal: ErrorCode
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    clock.advance(JWT_LIFETIME.total_seconds())
+    key.refused = refusal
+    assert await refused(cache, "vk-one") is refusal
+    assert len(cache) == 0
+
+
+# -- background config refresh --------------------------------------------------------------
+
+
+async def test_config_is_refreshed_in_the_background_after_its_ttl(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    old = await cache.authenticate("vk-one")
+    key.aliases = {**key.aliases, "smart": [target("prov-a", "mock-large")]}
+    key.revision = 2
+    clock.advance(CONFIG_TTL_S)
+
+    assert await cache.authenticate("vk-one") is old  # served at once, refreshed behind
+    await cache.settle()
+    new = await cache.authenticate("vk-one")
+    assert set(new.chains) == {"chat", "smart"}
+    assert control.configs == [("vk_1", None), ("vk_1", '"vk_1-1"')]
+    assert len(control.resolves) == 1
+
+
+async def test_an_unchanged_config_keeps_the_compiled_runtime(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    runtime = await cache.authenticate("vk-one")
+    clock.advance(CONFIG_TTL_S)
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert await cache.authenticate("vk-one") is runtime
+    assert control.configs[-1] == ("vk_1", '"vk_1-1"')
+
+
+async def test_a_refresh_near_the_resolutions_end_resolves_again(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    clock.advance(JWT_LIFETIME.total_seconds() - 60)  # config due, resolution nearly over
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert control.calls() == (2, 2)
+    clock.advance(CONFIG_TTL_S)  # config due again; the fresh resolution has long to run
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert control.calls() == (2, 3)
+
+
+async def test_a_failed_refresh_keeps_serving_and_waits_a_ttl_before_trying_again(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    runtime = await cache.authenticate("vk-one")
+    control.down = True
+    clock.advance(CONFIG_TTL_S)
+    assert await cache.authenticate("vk-one") is runtime
+    await cache.settle()
+    attempts = len(control.configs)
+    clock.advance(CONFIG_TTL_S - 1)
+    assert await cache.authenticate("vk-one") is runtime
+    await cache.settle()
+    assert len(control.configs) == attempts
+    clock.advance(1)
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert len(control.configs) == attempts + 1
+
+
+async def test_a_refresh_the_control_plane_refuses_evicts(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    key.refused = ErrorCode.VIRTUAL_KEY_DISABLED
+    clock.advance(CONFIG_TTL_S)
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert len(cache) == 0
+    assert await refused(cache, "vk-one") is ErrorCode.VIRTUAL_KEY_DISABLED
+
+
+async def test_an_unexpected_refresh_failure_keeps_the_entry_and_waits_a_ttl(
+    cache: AuthCache,
+    control: FakeControlPlane,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    runtime = await cache.authenticate("vk-one")
+    key.revision = 2
+    key.garbled = True
+    clock.advance(CONFIG_TTL_S)
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert "config refresh of key vk_1 failed" in caplog.text
+    clock.advance(CONFIG_TTL_S - 1)
+    for _ in range(3):
+        assert await cache.authenticate("vk-one") is runtime
+    await cache.settle()
+    assert len(control.configs) == 2  # no refresh storm while it keeps failing
+    key.garbled = False
+    clock.advance(1)
+    await cache.authenticate("vk-one")
+    await cache.settle()
+    assert (await cache.authenticate("vk-one")) is not runtime
+
+
+# -- change events --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind", [EventKind.VK_REVOKED, EventKind.VK_DISABLED, EventKind.VK_ROTATED]
+)
+async def test_key_events_evict_every_cached_key_of_that_virtual_key(
+    cache: AuthCache, control: FakeControlPlane, kind: EventKind
+) -> None:
+    control.issue("vk-old", "vk_1")
+    control.issue("vk-new", "vk_1")
+    control.issue("vk-other", "vk_2")
+    for presented in ("vk-old", "vk-new", "vk-other"):
+        await cache.authenticate(presented)
+    cache.apply(event(kind, "vk_1", vk_id="vk_1"))
+    assert len(cache) == 1
+    control.key("vk_1").refused = ErrorCode.VIRTUAL_KEY_REVOKED
+    assert await refused(cache, "vk-old") is ErrorCode.VIRTUAL_KEY_REVOKED
+    assert (await cache.authenticate("vk-other")).vk_id == "vk_2"
+
+
+@pytest.mark.parametrize("kind", [EventKind.VK_CONFIG_UPDATED, EventKind.VK_ENABLED])
+async def test_key_updates_refresh_the_key_and_its_resolution(
+    cache: AuthCache, control: FakeControlPlane, kind: EventKind
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    control.issue("vk-two", "vk_2")
+    await cache.authenticate("vk-one")
+    await cache.authenticate("vk-two")
+    key.aliases = {"smart": [target("prov-a", "mock-large")]}
+    key.revision = 2
+    cache.apply(event(kind, "vk_1", vk_id="vk_1"))
+    await cache.settle()
+    assert set((await cache.authenticate("vk-one")).chains) == {"smart"}
+    assert control.resolves == [digest("vk-one"), digest("vk-two"), digest("vk-one")]
+    assert [vk for vk, _ in control.configs] == ["vk_1", "vk_2", "vk_1"]
+
+
+async def test_a_key_update_that_sets_an_expiry_is_enforced_after_the_event(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    key.expires_at = clock.now() + timedelta(seconds=30)
+    key.revision = 2
+    cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_1", vk_id="vk_1"))
+    await cache.settle()
+    clock.advance(30)
+    assert await refused(cache, "vk-one") is ErrorCode.VIRTUAL_KEY_EXPIRED
+
+
+async def test_a_provider_update_refreshes_only_keys_that_use_it(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-a", "vk_a")
+    control.issue("vk-b", "vk_b", aliases={"chat": [target("prov-b", "m")]})
+    control.issue("vk-c", "vk_c", org="org-2", aliases={"chat": [target("prov-a", "m")]})
+    for presented in ("vk-a", "vk-b", "vk-c"):
+        await cache.authenticate(presented)
+    cache.apply(event(EventKind.MODEL_PROVIDER_UPDATED, "prov-a"))
+    await cache.settle()
+    assert [vk for vk, _ in control.configs[3:]] == ["vk_a"]
+
+
+async def test_a_budget_update_refreshes_only_keys_it_applies_to(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-a", "vk_a", budgets=[budget("bud-1")])
+    control.issue("vk-b", "vk_b", budgets=[budget("bud-2")])
+    for presented in ("vk-a", "vk-b"):
+        await cache.authenticate(presented)
+    for kind in (EventKind.BUDGET_UPDATED, EventKind.BUDGET_DELETED):
+        cache.apply(event(kind, "bud-1"))
+        await cache.settle()
+    assert [vk for vk, _ in control.configs[2:]] == ["vk_a", "vk_a"]
+    assert len(control.resolves) == 2  # the bundle changed, not the key
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        EventKind.BUDGET_CREATED,
+        EventKind.ROUTING_POLICY_UPDATED,
+        EventKind.ROUTING_POLICY_DELETED,
+    ],
+)
+async def test_organization_wide_events_refresh_that_organizations_keys(
+    cache: AuthCache, control: FakeControlPlane, kind: EventKind
+) -> None:
+    control.issue("vk-a", "vk_a")
+    control.issue("vk-b", "vk_b")
+    control.issue("vk-c", "vk_c", org="org-2")
+    for presented in ("vk-a", "vk-b", "vk-c"):
+        await cache.authenticate(presented)
+    cache.apply(event(kind, "entity-1"))
+    await cache.settle()
+    assert sorted(vk for vk, _ in control.configs[3:]) == ["vk_a", "vk_b"]
+
+
+async def test_a_new_key_event_touches_nothing(cache: AuthCache, control: FakeControlPlane) -> None:
+    control.issue("vk-a", "vk_a")
+    await cache.authenticate("vk-a")
+    cache.apply(event(EventKind.VK_CREATED, "vk_new", vk_id="vk_new"))
+    await cache.settle()
+    assert control.calls() == (1, 1)
+    assert len(cache) == 1
+
+
+async def test_events_arriving_during_a_refresh_send_it_round_once_more(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    control.config_gate = asyncio.Event()
+    cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_1", vk_id="vk_1"))
+    while len(control.configs) < 2:
+        await asyncio.sleep(0)
+    # The refresh holds an answer from before this change, which it is now told about.
+    key.aliases = {"late": [target("prov-a", "m")]}
+    key.revision = 2
+    for _ in range(3):
+        cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_1", vk_id="vk_1"))
+    control.config_gate.set()
+    await cache.settle()
+    assert set((await cache.authenticate("vk-one")).chains) == {"late"}
+    assert len(control.configs) == 3  # the first refresh, and one more round for the rest
+
+
+async def test_a_revocation_during_a_resolution_is_not_undone_by_it(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    control.resolve_gate = asyncio.Event()
+    asked = asyncio.ensure_future(cache.authenticate("vk-one"))
+    while not control.resolves:
+        await asyncio.sleep(0)
+    cache.apply(event(EventKind.VK_REVOKED, "vk_1", vk_id="vk_1"))
+    control.resolve_gate.set()
+    assert (await asked).vk_id == "vk_1"  # asked before the revocation arrived
+    key.refused = ErrorCode.VIRTUAL_KEY_REVOKED
+    assert len(cache) == 0
+    assert await refused(cache, "vk-one") is ErrorCode.VIRTUAL_KEY_REVOKED
+
+
+async def test_a_change_during_a_resolution_is_fetched_right_after_it(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    control.config_gate = asyncio.Event()
+    asked = asyncio.ensure_future(cache.authenticate("vk-one"))
+    while not control.configs:
+        await asyncio.sleep(0)
+    # The bundle on its way is the old one; the policy changes, and its event arrives.
+    key.aliases = {"renamed": [target("prov-a", "m")]}
+    key.revision = 2
+    cache.apply(event(EventKind.ROUTING_POLICY_UPDATED, "pol-1"))
+    control.config_gate.set()
+    await asked
+    await cache.settle()
+    assert set((await cache.authenticate("vk-one")).chains) == {"renamed"}
+
+
+async def test_a_key_revoked_while_its_revalidation_fails_is_not_served_stale(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    clock.advance(JWT_LIFETIME.total_seconds())
+    control.down = True
+    control.resolve_gate = asyncio.Event()
+    asked = asyncio.ensure_future(cache.authenticate("vk-one"))
+    while len(control.resolves) < 2:
+        await asyncio.sleep(0)
+    cache.apply(event(EventKind.VK_REVOKED, "vk_1", vk_id="vk_1"))
+    control.resolve_gate.set()
+    with pytest.raises(ProxyError) as raised:
+        await asked
+    assert raised.value.code is ErrorCode.AUTH_UPSTREAM_UNAVAILABLE
+    assert len(cache) == 0
+
+
+async def test_clear_forgets_every_key(cache: AuthCache, control: FakeControlPlane) -> None:
+    control.issue("vk-a", "vk_a")
+    control.issue("vk-b", "vk_b")
+    await cache.authenticate("vk-a")
+    await cache.authenticate("vk-b")
+    cache.clear()
+    assert len(cache) == 0
+    await cache.authenticate("vk-a")
+    assert len(control.resolves) == 3
+
+
+# -- the LRU and its index by virtual key ---------------------------------------------------
+
+
+async def test_the_least_recently_used_key_is_dropped_and_leaves_no_trace_in_the_index(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    cache = make_cache(control, clock, maxsize=2)
+    try:
+        for name in ("a", "b", "c"):
+            control.issue(f"vk-{name}", f"vk_{name}")
+        await cache.authenticate("vk-a")
+        await cache.authenticate("vk-b")
+        await cache.authenticate("vk-a")  # b is now the least recently used
+        await cache.authenticate("vk-c")
+        assert len(cache) == 2
+        index = cache._entries.by_vk
+        assert set(index) == {"vk_a", "vk_c"}
+        assert index["vk_a"] == {digest("vk-a")}
+
+        cache.apply(event(EventKind.VK_REVOKED, "vk_b", vk_id="vk_b"))  # gone already: no error
+        cache.apply(event(EventKind.VK_REVOKED, "vk_a", vk_id="vk_a"))
+        assert set(index) == {"vk_c"}
+        assert len(cache) == 1
+        resolves = len(control.resolves)
+        await cache.authenticate("vk-c")
+        assert len(control.resolves) == resolves
+    finally:
+        await cache.close()
+
+
+async def test_the_index_holds_every_cached_key_of_a_virtual_key(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-old", "vk_1")
+    control.issue("vk-new", "vk_1")
+    await cache.authenticate("vk-old")
+    await cache.authenticate("vk-new")
+    assert cache._entries.by_vk == {"vk_1": {digest("vk-old"), digest("vk-new")}}
+    cache.clear()
+    assert cache._entries.by_vk == {}
+
+
+async def test_events_for_keys_cleared_from_the_cache_are_no_ops(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    cache.clear()
+    cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_1", vk_id="vk_1"))
+    cache.apply(event(EventKind.VK_REVOKED, "vk_1", vk_id="vk_1"))
+    await cache.settle()
+    assert control.calls() == (1, 1)
+    assert len(cache) == 0
+
+
+async def test_close_stops_refreshes_under_way(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    cache = make_cache(control, clock)
+    control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    control.resolve_gate = asyncio.Event()
+    cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_1", vk_id="vk_1"))
+    while len(control.resolves) < 2:
+        await asyncio.sleep(0)
+    await cache.close()
+    await cache.settle()  # nothing left to wait for
+    assert control.calls() == (2, 1)

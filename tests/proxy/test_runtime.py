@@ -1,0 +1,175 @@
+"""Compiling a key's config bundle into the immutable object requests are served from."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from proxy.providers.mock import MockProvider
+from proxy.runtime import compile_bundle, parse_time
+from tests.support.clock import ManualClock
+from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
+
+
+def target(provider: str, model: str, kind: str = "mock") -> ChainTarget:
+    return ChainTarget(
+        provider_id=f"prov-{provider}",
+        provider_name=provider,
+        kind=kind,
+        base_url=None,
+        model=model,
+        price=Price(input_per_mtok="0.15", output_per_mtok="0.6"),
+    )
+
+
+def bundle(
+    aliases: dict[str, list[ChainTarget]], allowed_models: list[str] | None = None
+) -> ConfigBundle:
+    return ConfigBundle(
+        vk_id="vk-1",
+        organization_id="org-1",
+        project_id="proj-1",
+        team_id="team-1",
+        status="active",
+        revision=7,
+        limits=Limits(rpm=60, tpm=1_000),
+        allowed_models=allowed_models,
+        aliases=aliases,
+        budgets=[
+            BudgetState(
+                budget_id="bud-1",
+                name="monthly",
+                scope_kind="project",
+                scope_id="proj-1",
+                window="month",
+                limit_usd="10",
+                on_breach="block",
+            )
+        ],
+        expires_at="2026-04-01T00:00:00Z",
+    )
+
+
+@pytest.fixture
+def providers() -> dict[str, MockProvider]:
+    return {"mock": MockProvider(ManualClock())}
+
+
+ALIASES = {
+    "fast": [target("first", "mock-small"), target("second", "mock-tiny")],
+    "smart": [target("first", "mock-large")],
+    "embed": [target("second", "mock-embed")],
+}
+
+
+def models(body: bytes) -> list[tuple[str, str]]:
+    listing = json.loads(body)
+    assert listing["object"] == "list"
+    assert all(m["object"] == "model" for m in listing["data"])
+    return [(m["id"], m["owned_by"]) for m in listing["data"]]
+
+
+def test_every_alias_compiles_to_its_chain_in_order(providers: dict[str, MockProvider]) -> None:
+    runtime = compile_bundle(bundle(ALIASES), providers)
+    assert {alias: [u.model for u in chain] for alias, chain in runtime.chains.items()} == {
+        "fast": ["mock-small", "mock-tiny"],
+        "smart": ["mock-large"],
+        "embed": ["mock-embed"],
+    }
+    upstream = runtime.chains["fast"][0]
+    assert upstream.provider_name == "first"
+    assert upstream.model_json == b'"mock-small"'
+    assert upstream.adapter is providers["mock"]
+    assert upstream.price == Price(input_per_mtok="0.15", output_per_mtok="0.6")
+    assert runtime.not_allowed == frozenset()
+
+
+def test_aliases_outside_allowed_models_are_not_allowed_rather_than_unknown(
+    providers: dict[str, MockProvider],
+) -> None:
+    runtime = compile_bundle(bundle(ALIASES, allowed_models=["fast", "not-in-policy"]), providers)
+    assert set(runtime.chains) == {"fast"}
+    assert runtime.not_allowed == {"smart", "embed"}
+    assert "not-in-policy" not in runtime.not_allowed
+
+
+def test_empty_allowed_models_allows_nothing(providers: dict[str, MockProvider]) -> None:
+    runtime = compile_bundle(bundle(ALIASES, allowed_models=[]), providers)
+    assert runtime.chains == {}
+    assert runtime.not_allowed == {"fast", "smart", "embed"}
+    assert models(runtime.models_body) == []
+
+
+def test_models_body_lists_exactly_the_usable_aliases_sorted(
+    providers: dict[str, MockProvider],
+) -> None:
+    runtime = compile_bundle(bundle(ALIASES, allowed_models=["smart", "fast"]), providers)
+    assert models(runtime.models_body) == [("fast", "first"), ("smart", "first")]
+
+
+def test_a_provider_kind_this_proxy_cannot_call_is_left_out_of_the_chain(
+    providers: dict[str, MockProvider], caplog: pytest.LogCaptureFixture
+) -> None:
+    aliases = {
+        "fast": [target("future", "m1", kind="quantum"), target("first", "mock-small")],
+        "only-future": [target("future", "m2", kind="quantum")],
+    }
+    runtime = compile_bundle(bundle(aliases), providers)
+    assert [u.provider_name for u in runtime.chains["fast"]] == ["first"]
+    # Still the key's alias (not a 404), but with nothing this proxy can call behind it.
+    assert runtime.chains["only-future"] == ()
+    assert models(runtime.models_body) == [("fast", "first"), ("only-future", "vkgate")]
+    assert "quantum" in caplog.text
+
+
+def test_key_facts_are_carried_over(providers: dict[str, MockProvider]) -> None:
+    source = bundle(ALIASES)
+    runtime = compile_bundle(source, providers)
+    assert (runtime.vk_id, runtime.organization_id, runtime.project_id, runtime.team_id) == (
+        "vk-1",
+        "org-1",
+        "proj-1",
+        "team-1",
+    )
+    assert runtime.revision == 7
+    assert runtime.expires_at == datetime(2026, 4, 1, tzinfo=UTC).timestamp()
+    assert runtime.limits == Limits(rpm=60, tpm=1_000)
+    assert runtime.budgets == tuple(source.budgets)
+    assert runtime.provider_ids == {"prov-first", "prov-second"}
+
+
+def test_provider_ids_include_providers_of_aliases_the_key_may_not_use(
+    providers: dict[str, MockProvider],
+) -> None:
+    """A change to any provider of the key's policy must reach it (it may be allowed later)."""
+    runtime = compile_bundle(bundle(ALIASES, allowed_models=["smart"]), providers)
+    assert runtime.provider_ids == {"prov-first", "prov-second"}
+
+
+def test_compiled_runtime_cannot_be_changed_in_place(providers: dict[str, MockProvider]) -> None:
+    runtime = compile_bundle(bundle(ALIASES), providers)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        runtime.revision = 8  # type: ignore[misc]
+
+
+def test_a_key_without_expiry_has_none(providers: dict[str, MockProvider]) -> None:
+    source = bundle(ALIASES)
+    source.expires_at = None
+    assert compile_bundle(source, providers).expires_at is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2026-03-10T12:00:00Z", datetime(2026, 3, 10, 12, tzinfo=UTC).timestamp()),
+        ("2026-03-10T14:00:00+02:00", datetime(2026, 3, 10, 12, tzinfo=UTC).timestamp()),
+        ("2026-03-10T12:00:00.250000Z", datetime(2026, 3, 10, 12, tzinfo=UTC).timestamp() + 0.25),
+        (None, None),
+        ("", None),
+    ],
+)
+def test_parse_time_reads_rfc3339(value: str | None, expected: float | None) -> None:
+    assert parse_time(value) == expected
