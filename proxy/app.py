@@ -149,7 +149,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
             }
         },
         status_code=exc.status_code,
-        headers={"X-Request-ID": os.urandom(16).hex()},
+        # The exception's own headers carry what the status needs, e.g. a 405's `Allow`.
+        headers={**(exc.headers or {}), "X-Request-ID": os.urandom(16).hex()},
     )
 
 

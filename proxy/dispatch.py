@@ -2,7 +2,8 @@
 
 An attempt falls through to the next credential on a connect error, a timeout before the
 answer, a 429 or a 5xx; a provider's other 4xx is the answer. Nothing falls through once a
-byte reached the client. Streams go out chunk by chunk as the provider sends them, and a client
+byte reached the client, and before each further (paid) attempt the caller checks that the key
+may still be used. Streams go out chunk by chunk as the provider sends them, and a client
 that goes away cancels the provider's request.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 
@@ -22,11 +23,9 @@ from proxy.sse import UsageChunkFilter
 from vkgate.errors import ERRORS, ErrorCode
 
 BodyFor = Callable[[Upstream], bytes]
+Recheck = Callable[[], Awaitable[None]]
+"""Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
 _encode = msgspec.json.Encoder().encode
-
-
-def _retryable(status: int) -> bool:
-    return status == 429 or status >= 500
 
 
 async def _first_answer(
@@ -34,32 +33,44 @@ async def _first_answer(
     operation: Operation,
     body_for: BodyFor,
     headers: Mapping[str, str],
+    recheck: Recheck,
 ) -> tuple[Upstream, Reply]:
-    """The first reply worth giving the client, walking the chain."""
+    """The first reply worth giving the client, walking the chain: a 2xx or a provider's 4xx.
+
+    A 429 falls through while another credential is left; the last one's 429 is the answer.
+    When every credential of a longer chain failed, the error keeps each attempt's cause.
+    """
+    causes: list[str] = []
     failure: ProxyError | None = None
     last = len(chain) - 1
     for index, upstream in enumerate(chain):
+        name = upstream.provider_name
+        if index > 0:
+            await recheck()
         try:
             reply = await upstream.adapter.send(
                 upstream, operation, body_for(upstream), {**upstream.headers, **headers}
             )
         except ProviderTimeout:
             failure = ProxyError(
-                ErrorCode.PROVIDER_TIMEOUT,
-                f"provider {upstream.provider_name} did not answer in time",
+                ErrorCode.PROVIDER_TIMEOUT, f"provider {name} did not answer in time"
             )
-            continue
         except ProviderUnreachable:
-            failure = ProxyError(
-                ErrorCode.PROVIDER_ERROR, f"provider {upstream.provider_name} could not be reached"
-            )
-            continue
-        if index < last and _retryable(reply.status):
+            failure = ProxyError(ErrorCode.PROVIDER_ERROR, f"provider {name} could not be reached")
+        else:
+            if reply.status < 500 and (reply.status != 429 or index == last):
+                return upstream, reply
             reply.close()
-            failure = None
-            continue
-        return upstream, reply
+            failure = ProxyError(
+                ErrorCode.PROVIDER_ERROR, f"provider {name} failed with HTTP {reply.status}"
+            )
+        causes.append(failure.message)
     assert failure is not None
+    if len(causes) > 1:
+        raise ProxyError(
+            ErrorCode.CHAIN_EXHAUSTED,
+            "every provider for this model failed: " + "; ".join(causes),
+        )
     raise failure
 
 
@@ -76,35 +87,10 @@ def _answer_headers(
     return headers
 
 
-async def _pass_failure(upstream: Upstream, reply: Reply, send: Send, request_id: bytes) -> None:
-    """A provider's non-2xx answer: 4xx passed through as sent, 5xx as our 502."""
+async def _read(upstream: Upstream, reply: Reply) -> bytes:
+    """The whole of a provider's answer, its failures mapped to ours; the reply is closed."""
     try:
-        data = await reply.read()
-    finally:
-        reply.close()
-    if reply.status < 500:
-        await respond(send, reply.status, data, _answer_headers(upstream, reply, request_id))
-        return
-    raise ProxyError(
-        ErrorCode.PROVIDER_ERROR,
-        f"provider {upstream.provider_name} failed with HTTP {reply.status}",
-    )
-
-
-async def forward(
-    chain: tuple[Upstream, ...],
-    operation: Operation,
-    body_for: BodyFor,
-    headers: Mapping[str, str],
-    send: Send,
-    request_id: bytes,
-) -> None:
-    upstream, reply = await _first_answer(chain, operation, body_for, headers)
-    if reply.status >= 300:
-        await _pass_failure(upstream, reply, send, request_id)
-        return
-    try:
-        data = await reply.read()
+        return await reply.read()
     except ProviderTimeout:
         raise ProxyError(
             ErrorCode.PROVIDER_TIMEOUT, f"provider {upstream.provider_name} did not answer in time"
@@ -116,6 +102,20 @@ async def forward(
         ) from None
     finally:
         reply.close()
+
+
+async def forward(
+    chain: tuple[Upstream, ...],
+    operation: Operation,
+    body_for: BodyFor,
+    headers: Mapping[str, str],
+    send: Send,
+    request_id: bytes,
+    recheck: Recheck,
+) -> None:
+    """A plain answer, or a provider's own 4xx, passed back whole."""
+    upstream, reply = await _first_answer(chain, operation, body_for, headers, recheck)
+    data = await _read(upstream, reply)
     await respond(send, reply.status, data, _answer_headers(upstream, reply, request_id))
 
 
@@ -127,10 +127,13 @@ async def forward_stream(
     receive: Receive,
     send: Send,
     request_id: bytes,
+    recheck: Recheck,
 ) -> None:
-    upstream, reply = await _first_answer(chain, Operation.CHAT, body_for, headers)
+    upstream, reply = await _first_answer(chain, Operation.CHAT, body_for, headers, recheck)
     if reply.status >= 300:
-        await _pass_failure(upstream, reply, send, request_id)
+        # A provider's refusal is a JSON body, not a stream: passed back whole.
+        data = await _read(upstream, reply)
+        await respond(send, reply.status, data, _answer_headers(upstream, reply, request_id))
         return
     answer_headers = _answer_headers(upstream, reply, request_id)
     answer_headers.append((b"cache-control", b"no-cache"))

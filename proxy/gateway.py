@@ -6,6 +6,7 @@ what a Python forwarder can do per second (see the contract's "Hot path").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -22,7 +23,7 @@ from proxy.asgi import (
     respond_error,
 )
 from proxy.auth import AuthCache
-from proxy.dispatch import forward, forward_stream
+from proxy.dispatch import Recheck, forward, forward_stream
 from proxy.errors import ProxyError
 from proxy.providers import Operation, Upstream
 from proxy.runtime import KeyRuntime
@@ -88,6 +89,8 @@ class Gateway:
                 raise ProxyError(
                     ErrorCode.METHOD_NOT_ALLOWED,
                     f"this route takes {method}, not {scope['method']}",
+                    # RFC 9110: a 405 says which method the route does take.
+                    headers=((b"allow", method.encode()),),
                 )
             if head.key is None:
                 raise ProxyError(
@@ -100,6 +103,13 @@ class Gateway:
             await respond_error(send, exc, head.request_id)
         except ClientGone:
             return
+        except Exception:
+            # A bug, not a refusal: logged (never the body), and answered in OpenAI's shape.
+            log.exception("unexpected error serving /v1%s", scope["path"].rstrip("/"))
+            error = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
+            # If the answer had already started, a second start is refused: nothing more to say.
+            with contextlib.suppress(Exception):
+                await respond_error(send, error, head.request_id)
 
     async def _chat(self, runtime: KeyRuntime, head: Head, receive: Receive, send: Send) -> None:
         body = await read_body(receive, self._max_body, head.content_length)
@@ -112,7 +122,13 @@ class Gateway:
                 return B.patch_model(body, requested, upstream.model_json)
 
             await forward(
-                chain, Operation.CHAT, plain, _provider_headers(head), send, head.request_id
+                chain,
+                Operation.CHAT,
+                plain,
+                _provider_headers(head),
+                send,
+                head.request_id,
+                self._recheck(head),
             )
             return
         options = fields.stream_options
@@ -127,7 +143,14 @@ class Gateway:
             return upstream.stream_usage and not client_wants_usage
 
         await forward_stream(
-            chain, streamed, _provider_headers(head), strip_usage, receive, send, head.request_id
+            chain,
+            streamed,
+            _provider_headers(head),
+            strip_usage,
+            receive,
+            send,
+            head.request_id,
+            self._recheck(head),
         )
 
     async def _embeddings(
@@ -141,8 +164,28 @@ class Gateway:
             return B.patch_model(body, fields.model, upstream.model_json)
 
         await forward(
-            chain, Operation.EMBEDDINGS, patched, _provider_headers(head), send, head.request_id
+            chain,
+            Operation.EMBEDDINGS,
+            patched,
+            _provider_headers(head),
+            send,
+            head.request_id,
+            self._recheck(head),
         )
+
+    def _recheck(self, head: Head) -> Recheck:
+        """Before a further paid attempt, whether the key may still be used.
+
+        A cache hit costs no network call; a key the change feed evicted meanwhile (revoked or
+        disabled) is resolved again, and its refusal ends the walk.
+        """
+        key = head.key
+        assert key is not None  # authenticated before any handler runs
+
+        async def recheck() -> None:
+            await self._cache.authenticate(key)
+
+        return recheck
 
     async def _models(self, runtime: KeyRuntime, head: Head, receive: Receive, send: Send) -> None:
         await respond(

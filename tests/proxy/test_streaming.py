@@ -1,0 +1,122 @@
+"""Streams once they started: a client that leaves cancels the provider's request, and a provider
+that goes quiet ends the stream with an error event instead of falling through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from litestar import Litestar
+
+from tests.proxy.conftest import (
+    CHAT_ALIAS,
+    RunningProxy,
+    Tenant,
+    add_key,
+    add_policy,
+    add_provider,
+    proxy_settings,
+    serve_proxy,
+)
+from tests.support.clock import ManualClock
+from tests.support.fake_openai import FakeOpenAI
+
+HELLO: Any = [{"role": "user", "content": "hello"}]
+
+
+async def test_client_leaving_mid_stream_cancels_the_provider_request(
+    proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.stream_events = 500
+    fake_openai.chunk_delay_s = 0.01
+    async with (
+        proxy.http() as http,
+        http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": CHAT_ALIAS, "messages": HELLO, "stream": True},
+            headers={"Authorization": f"Bearer {tenant.key}"},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        first = await anext(response.aiter_raw())
+        assert first.startswith(b"data: ")
+    await asyncio.wait_for(fake_openai.stream_cancelled.wait(), 5)
+
+
+async def test_sdk_closing_a_stream_early_cancels_the_provider_request(
+    proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.stream_events = 500
+    fake_openai.chunk_delay_s = 0.01
+    async with proxy.openai(tenant.key) as client:
+        stream = await client.chat.completions.create(model=CHAT_ALIAS, messages=HELLO, stream=True)
+        first = await anext(aiter(stream))
+        assert first.choices[0].delta.role == "assistant"
+        await stream.close()
+    await asyncio.wait_for(fake_openai.stream_cancelled.wait(), 5)
+
+
+@pytest.fixture
+async def impatient_proxy(
+    app: Litestar, client: httpx.AsyncClient, clock: ManualClock
+) -> AsyncIterator[RunningProxy]:
+    async with serve_proxy(app, clock, proxy_settings(first_byte_timeout_s=0.3)) as running:
+        yield running
+
+
+async def test_provider_going_quiet_mid_stream_ends_it_with_an_error_event(
+    impatient_proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.chunk_delay_s = 1.0
+    async with impatient_proxy.http() as http:
+        response = await http.post(
+            "/v1/chat/completions",
+            json={"model": CHAT_ALIAS, "messages": HELLO, "stream": True},
+            headers={"Authorization": f"Bearer {tenant.key}"},
+        )
+    assert response.status_code == 200  # the headers went out with the first chunk
+    events = [e for e in response.text.split("\n\n") if e]
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["delta"]["role"]
+    error = json.loads(events[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "provider_timeout"
+    assert set(error) == {"message", "type", "code", "param"}
+    assert "[DONE]" not in response.text
+
+
+async def test_sdk_sees_a_broken_off_stream_as_an_error(
+    impatient_proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.chunk_delay_s = 1.0
+    async with impatient_proxy.openai(tenant.key) as client:
+        stream = await client.chat.completions.create(model=CHAT_ALIAS, messages=HELLO, stream=True)
+        with pytest.raises(openai.APIError, match="broke off"):
+            async for _ in stream:
+                pass
+
+
+async def test_stream_never_falls_through_once_the_first_byte_went_out(
+    impatient_proxy: RunningProxy,
+    tenant: Tenant,
+    client: httpx.AsyncClient,
+    fake_openai: FakeOpenAI,
+) -> None:
+    first = await add_provider(client, tenant.org, "primary", fake_openai.url)
+    second = await add_provider(client, tenant.org, "secondary", fake_openai.url)
+    policy = await add_policy(client, tenant.org, {CHAT_ALIAS: [(first, "a"), (second, "b")]})
+    _, key = await add_key(client, tenant, policy=policy)
+    fake_openai.chunk_delay_s = 1.0
+    async with impatient_proxy.http() as http:
+        response = await http.post(
+            "/v1/chat/completions",
+            json={"model": CHAT_ALIAS, "messages": HELLO, "stream": True},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    assert response.headers["x-vkgate-provider"] == "primary"
+    assert '"provider_timeout"' in response.text
+    assert [r.json()["model"] for r in fake_openai.received] == ["a"]
