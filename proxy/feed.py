@@ -16,7 +16,8 @@ from proxy.control import ControlPlaneClient, Unreachable
 log = logging.getLogger("vkgate.proxy.feed")
 
 INITIAL_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 10.0
+# Capped at a second: after an outage, changes must again reach the proxy within one.
+MAX_BACKOFF_S = 1.0
 
 
 class ChangeFeedPoller:
@@ -28,14 +29,18 @@ class ChangeFeedPoller:
         self._timeout_s = timeout_s
         self.revision: int | None = None
         self.connected = False
+        self._start_failed = False
 
     async def run(self) -> None:
         backoff = INITIAL_BACKOFF_S
         while True:
             try:
                 await self.poll_once()
-            except Unreachable as exc:
-                if self.connected:
+            except Exception as exc:
+                # Whatever went wrong, the poller must live on: it is how revocations arrive.
+                if not isinstance(exc, Unreachable):
+                    log.exception("change feed poll failed")
+                elif self.connected:
                     log.warning("change feed unreachable: %s", exc)
                 self.connected = False
                 await asyncio.sleep(backoff)
@@ -46,8 +51,18 @@ class ChangeFeedPoller:
     async def poll_once(self) -> None:
         if self.revision is None:
             # Start from now: anything cached later is fetched fresh anyway.
-            self.revision = (await self._control.health()).revision
+            try:
+                health = await self._control.health()
+            except Unreachable:
+                self._start_failed = True
+                raise
+            self.revision = health.revision
             self.connected = True
+            if self._start_failed:
+                # Keys cached while the feed had no starting point (the control plane came
+                # back between two attempts) may have missed events that come before it, a
+                # revocation among them: drop them, so they are fetched fresh.
+                self._cache.clear()
             return
         answer = await self._control.changes(self.revision, self._timeout_s)
         self.connected = True

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,19 @@ def wait_until_healthy(service: Service, timeout: float = READY_TIMEOUT_S) -> No
     raise AssertionError(f"vkgate was not healthy within {timeout} s:\n{service.output()}")
 
 
+def wait_until_closed(url: str, timeout: float = EXIT_TIMEOUT_S) -> None:
+    """Poll `url` until nothing accepts connections there: whatever served it has gone."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                client.get(f"{url}/healthz")
+            except httpx.TransportError:
+                return
+            time.sleep(POLL_INTERVAL_S)  # waiting on another process to exit, bounded above
+    raise AssertionError(f"{url} still answers {timeout} s after its server was stopped")
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     """Terminate this process (by its own PID), then kill it if it does not exit in time."""
     if process.poll() is not None:
@@ -96,6 +110,39 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=EXIT_TIMEOUT_S)
 
 
+def start(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    port: int,
+    log: Path,
+    cwd: Path | None = None,
+    own_group: bool = False,
+) -> Service:
+    """Start `vkgate ARGS` (to serve on 127.0.0.1:`port`) with its output going to `log`.
+
+    `own_group` makes it lead a new process group, so `kill_group` can reach any child it
+    leaves behind.
+    """
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vkgate", *args],
+            env=dict(env),
+            cwd=cwd,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_group,
+        )
+    return Service(process, f"http://127.0.0.1:{port}", log)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of the process group `process` leads (started with `own_group`)."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 @contextmanager
 def running(
     args: Sequence[str],
@@ -106,18 +153,9 @@ def running(
     cwd: Path | None = None,
 ) -> Iterator[Service]:
     """Start `vkgate ARGS` serving on 127.0.0.1:`port`, wait until healthy, stop it afterwards."""
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "vkgate", *args],
-            env=dict(env),
-            cwd=cwd,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    service = Service(process, f"http://127.0.0.1:{port}", log)
+    service = start(args, env=env, port=port, log=log, cwd=cwd)
     try:
         wait_until_healthy(service)
         yield service
     finally:
-        stop(process)
+        stop(service.process)

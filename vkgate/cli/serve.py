@@ -6,11 +6,13 @@ import base64
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
 import click
@@ -19,11 +21,15 @@ from vkgate import env as E
 from vkgate.cli._client import SECRETS_FILE
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from controlplane.demo import Demo
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
 
 T = TypeVar("T")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # What `vkgate up` generates on first run, so a new user needs no set-up at all.
 GENERATED: dict[str, Callable[[], str]] = {
@@ -82,7 +88,16 @@ def configure_logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-def serve_controlplane(settings: ControlPlaneSettings) -> None:
+def serve_controlplane(
+    settings: ControlPlaneSettings, *, child: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Serve the control plane in the foreground until SIGINT or SIGTERM.
+
+    With a `child` (the proxy `vkgate up` started), the stop signal is passed on to it, so both
+    shut down together, and this returns instead of dying by the signal, so the caller is still
+    alive to wait for the child: no proxy is left running after `vkgate up` exits. The server
+    also stops when the child exits on its own.
+    """
     import uvicorn
 
     from controlplane.app import create_app
@@ -98,7 +113,42 @@ def serve_controlplane(settings: ControlPlaneSettings) -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config) if child is None else _supervising(config, child)
+    server.run()
+
+
+def _supervising(config: uvicorn.Config, child: subprocess.Popen[bytes]) -> uvicorn.Server:
+    """A uvicorn server that passes its stop signal on to `child` and survives the signal."""
+    import uvicorn
+
+    class Supervising(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Always SIGTERM: after a Ctrl-C the terminal has already sent the child a SIGINT,
+            # and a second SIGINT would make it skip its graceful shutdown.
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+            super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            # A child that ends on its own (its port taken, say) takes this server down with it:
+            # half of `vkgate up` must not go on serving as if all were well.
+            if child.poll() is not None:
+                return True
+            stop: bool = await super().on_tick(counter)
+            return stop
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own version raises the signal again once the server has stopped, which
+            # would end this process (SIGTERM) before it has waited for the child.
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Supervising(config)
 
 
 @click.command("up")
@@ -134,9 +184,13 @@ def up(demo: bool) -> None:
         if seeded is not None:
             click.echo(_demo_banner(proxy_settings, seeded))
         click.echo("Stop with Ctrl-C.\n")
-        serve_controlplane(settings)
+        serve_controlplane(settings, child=proxy)
     finally:
         _stop(proxy)
+    if proxy.returncode > 0:  # a stop signal ends it with 0 or by that signal (negative)
+        raise click.ClickException(
+            f"the proxy exited with code {proxy.returncode} (its output is above)"
+        )
 
 
 async def _seed(settings: ControlPlaneSettings, home: Path) -> Demo:
@@ -177,6 +231,7 @@ Make a first key (in another terminal, in this directory):
 
 
 def _demo_banner(proxy: ProxySettings, demo: Demo) -> str:
+    # The Python lines start at column 0: copied as printed, indented ones would not run.
     base = f"http://{proxy.host}:{proxy.port}/v1"
     return f"""Demo: organization {demo.organization_id} calls the offline `mock` provider.
   demo key        {demo.key}
@@ -185,10 +240,11 @@ def _demo_banner(proxy: ProxySettings, demo: Demo) -> str:
     -H "Authorization: Bearer {demo.key}" -H "Content-Type: application/json" \\
     -d '{{"model": "{demo.chat_model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  python -c 'from openai import OpenAI
-  client = OpenAI(base_url="{base}", api_key="{demo.key}")
-  reply = client.chat.completions.create(model="{demo.chat_model}", messages=[{{"role": "user", "content": "Hello!"}}])
-  print(reply.choices[0].message.content)'
+  python -c '
+from openai import OpenAI
+client = OpenAI(base_url="{base}", api_key="{demo.key}")
+reply = client.chat.completions.create(model="{demo.chat_model}", messages=[{{"role": "user", "content": "Hello!"}}])
+print(reply.choices[0].message.content)'
 """
 
 
