@@ -9,7 +9,6 @@ of 401/403/404 evicts at once, and a key past its own expiry is refused locally.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from proxy.providers import Provider
 from proxy.runtime import KeyRuntime, compile_bundle, parse_time
 from vkgate.clock import Clock
 from vkgate.errors import ErrorCode
+from vkgate.keys import key_sha256
 from vkgate.wire import ChangeEvent, EventKind, ResolveKeyResponse
 
 log = logging.getLogger("vkgate.proxy.auth")
@@ -116,13 +116,15 @@ class AuthCache:
         # event: a resolution under way meanwhile may predate what changed.
         self._evictions = 0
         self._changes = 0
+        self._changed_at: dict[str, int] = {}
+        """Per organization, the value of `_changes` at its latest change event."""
         self._refresh_slots = asyncio.Semaphore(REFRESH_CONCURRENCY)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     async def authenticate(self, presented_key: str) -> KeyRuntime:
-        digest = hashlib.sha256(presented_key.encode()).hexdigest()
+        digest = key_sha256(presented_key)
         entry = self._entries.get(digest)
         if entry is None:
             entry = await self._load(digest)
@@ -166,7 +168,7 @@ class AuthCache:
             # may be this one: serve the requests that asked before, but keep nothing.
             return entry
         self._entries[digest] = entry
-        if self._changes != changes:
+        if self._changed_at.get(entry.runtime.organization_id, 0) > changes:
             self._schedule_refresh(entry, resolve=True)
         return entry
 
@@ -281,6 +283,7 @@ class AuthCache:
     def apply(self, event: ChangeEvent) -> None:
         """Evict or refresh the entries an event from the change feed affects."""
         self._changes += 1
+        self._changed_at[event.organization_id] = self._changes
         kind = event.kind
         vk_id = event.vk_id or event.entity_id
         if kind in (EventKind.VK_REVOKED, EventKind.VK_DISABLED, EventKind.VK_ROTATED):
@@ -291,7 +294,7 @@ class AuthCache:
                 entry = self._entries.get(digest)
                 if entry is not None:
                     self._schedule_refresh(entry, resolve=True)
-        elif kind is EventKind.MODEL_PROVIDER_UPDATED:
+        elif kind == EventKind.MODEL_PROVIDER_UPDATED:
             self._refresh_where(
                 lambda r: (
                     r.organization_id == event.organization_id and event.entity_id in r.provider_ids
@@ -301,20 +304,26 @@ class AuthCache:
             # A budget's scope never changes: only the keys it already applies to are affected.
             # (Spend debits one every few seconds, so this must not refresh a whole organization.)
             self._refresh_where(lambda r: any(b.budget_id == event.entity_id for b in r.budgets))
-        elif kind is not EventKind.VK_CREATED:
-            # A new budget, routing policies: every cached key of the organization.
+        elif kind != EventKind.VK_CREATED:
+            # A new budget, routing policies, and kinds newer than this proxy (a rolling upgrade):
+            # every cached key of the organization.
             self._refresh_where(lambda r: r.organization_id == event.organization_id)
 
     def evict_key(self, vk_id: str) -> None:
-        self._evictions += 1
+        self._forget_lookups()
         for digest in list(self._entries.by_vk.get(vk_id, ())):
             self._evict(digest)
 
     def clear(self) -> None:
-        self._evictions += 1
+        self._forget_lookups()
         for entry in self._entries.values():
             entry.evicted = True
         self._entries.clear()
+
+    def _forget_lookups(self) -> None:
+        """Lookups under way may predate an eviction: later requests must not join them."""
+        self._evictions += 1
+        self._loading.clear()
 
     def _evict(self, digest: str) -> None:
         entry = self._entries.pop(digest, None)

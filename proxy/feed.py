@@ -29,7 +29,6 @@ class ChangeFeedPoller:
         self._timeout_s = timeout_s
         self.revision: int | None = None
         self.connected = False
-        self._start_failed = False
 
     async def run(self) -> None:
         backoff = INITIAL_BACKOFF_S
@@ -50,24 +49,20 @@ class ChangeFeedPoller:
 
     async def poll_once(self) -> None:
         if self.revision is None:
-            # Start from now: anything cached later is fetched fresh anyway.
-            try:
-                health = await self._control.health()
-            except Unreachable:
-                self._start_failed = True
-                raise
-            self.revision = health.revision
+            self.revision = (await self._control.health()).revision
             self.connected = True
-            if self._start_failed:
-                # Keys cached while the feed had no starting point (the control plane came
-                # back between two attempts) may have missed events that come before it, a
-                # revocation among them: drop them, so they are fetched fresh.
-                self._cache.clear()
+            # Keys cached before the feed had a starting point may have missed events that come
+            # before it, a revocation among them: drop them, so they are fetched fresh.
+            self._cache.clear()
             return
         answer = await self._control.changes(self.revision, self._timeout_s)
         self.connected = True
         for event in answer.events:
-            self._cache.apply(event)
+            try:
+                self._cache.apply(event)
+            except Exception:
+                # One event the cache cannot apply must not hold back the ones after it.
+                log.exception("change event %d (%s) not applied", event.revision, event.kind)
         if answer.current_revision < self.revision:
             # The control plane's store went back in time (restored or reset): trust nothing.
             log.warning(

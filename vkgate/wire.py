@@ -106,7 +106,9 @@ class ConfigBundle(msgspec.Struct):
 
 class ChangeEvent(msgspec.Struct):
     revision: int
-    kind: EventKind
+    kind: str
+    """An `EventKind`; plain text on the wire so a proxy older than its control plane still
+    decodes a batch holding a kind it does not know yet."""
     organization_id: str
     entity_kind: str
     entity_id: str

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import msgspec
 import pytest
 
 from proxy.auth import AuthCache
@@ -17,10 +17,12 @@ from proxy.providers.mock import MockProvider
 from tests.support.clock import ManualClock
 from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
+from vkgate.keys import key_sha256
 from vkgate.wire import (
     BudgetState,
     ChainTarget,
     ChangeEvent,
+    ChangesResponse,
     ConfigBundle,
     EventKind,
     Limits,
@@ -34,7 +36,7 @@ CONFIG_TTL_S = 60.0
 
 
 def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return key_sha256(key)
 
 
 def target(provider_id: str, model: str) -> ChainTarget:
@@ -801,3 +803,43 @@ async def test_close_stops_refreshes_under_way(
     await cache.close()
     await cache.settle()  # nothing left to wait for
     assert control.calls() == (2, 1)
+
+
+async def test_a_request_after_a_revocation_does_not_join_a_lookup_from_before_it(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    control.config_gate = asyncio.Event()
+    before = asyncio.ensure_future(cache.authenticate("vk-one"))
+    while not control.configs:
+        await asyncio.sleep(0)
+    cache.apply(event(EventKind.VK_REVOKED, "vk_1", vk_id="vk_1"))
+    key.refused = ErrorCode.VIRTUAL_KEY_REVOKED
+    after = asyncio.ensure_future(cache.authenticate("vk-one"))
+    control.config_gate.set()
+    assert (await before).vk_id == "vk_1"  # asked before the revocation arrived
+    with pytest.raises(ProxyError) as raised:
+        await after
+    assert raised.value.code is ErrorCode.VIRTUAL_KEY_REVOKED
+
+
+async def test_an_event_kind_newer_than_the_proxy_refreshes_its_organization(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    key = control.issue("vk-one", "vk_1")
+    await cache.authenticate("vk-one")
+    key.aliases = {"renamed": [target("prov-a", "m")]}
+    key.revision = 2
+    newer = msgspec.structs.replace(event(EventKind.BUDGET_CREATED, "b-1"), kind="GUARDRAIL_ADDED")
+    cache.apply(newer)
+    await cache.settle()
+    assert set((await cache.authenticate("vk-one")).chains) == {"renamed"}
+
+
+async def test_a_batch_holding_an_unknown_event_kind_still_decodes() -> None:
+    body = (
+        b'{"events":[{"revision":3,"kind":"GUARDRAIL_ADDED","organization_id":"o","entity_kind":'
+        b'"guardrail","entity_id":"g","at":"2026-03-10T12:00:00Z"}],"current_revision":3}'
+    )
+    answer = msgspec.json.decode(body, type=ChangesResponse)
+    assert [e.kind for e in answer.events] == ["GUARDRAIL_ADDED"]
