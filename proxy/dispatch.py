@@ -10,22 +10,20 @@ that goes away cancels the provider's request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
-
-import msgspec
 
 from proxy.asgi import Receive, Send, respond
 from proxy.errors import ProxyError
 from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import Reply
 from proxy.sse import UsageChunkFilter
-from vkgate.errors import ERRORS, ErrorCode
+from vkgate.errors import ErrorCode
 
 BodyFor = Callable[[Upstream], bytes]
 Recheck = Callable[[], Awaitable[None]]
 """Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
-_encode = msgspec.json.Encoder().encode
+log = logging.getLogger("vkgate.proxy")
 
 
 async def _first_answer(
@@ -145,14 +143,14 @@ async def forward_stream(
         await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in (pump, watcher):
-            if not task.done():
-                task.cancel()
-        # The pump closes the provider's response on any exit, cancellation included.
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+            task.cancel()
+        # Both are awaited and the provider's response closed whatever either raised.
+        outcomes = await asyncio.gather(pump, watcher, return_exceptions=True)
         reply.close()
+    failure = outcomes[0]
+    if isinstance(failure, Exception):
+        # Once the answer started nothing else can be sent; usually the client went away.
+        log.warning("stream ended early: %s", type(failure).__name__)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -166,8 +164,8 @@ async def _pump(
     send: Send,
     headers: list[tuple[bytes, bytes]],
 ) -> None:
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     try:
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         async for chunk in reply.chunks():
             data = usage_filter.feed(chunk) if usage_filter is not None else chunk
             if data:
@@ -180,9 +178,8 @@ async def _pump(
             if isinstance(exc, ProviderTimeout)
             else ErrorCode.PROVIDER_ERROR
         )
-        message = "the provider's stream broke off before it finished"
-        error = {"message": message, "type": ERRORS[code].openai_type, "code": code, "param": None}
-        tail = b"data: " + _encode({"error": error}) + b"\n\n"
+        error = ProxyError(code, "the provider's stream broke off before it finished")
+        tail = b"data: " + error.openai_body() + b"\n\n"
     finally:
         reply.close()
     await send({"type": "http.response.body", "body": tail, "more_body": False})

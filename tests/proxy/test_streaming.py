@@ -13,6 +13,8 @@ import openai
 import pytest
 from litestar import Litestar
 
+from proxy.dispatch import forward_stream
+from proxy.providers import Upstream
 from tests.proxy.conftest import (
     CHAT_ALIAS,
     RunningProxy,
@@ -120,3 +122,44 @@ async def test_stream_never_falls_through_once_the_first_byte_went_out(
     assert response.headers["x-vkgate-provider"] == "primary"
     assert '"provider_timeout"' in response.text
     assert [r.json()["model"] for r in fake_openai.received] == ["a"]
+
+
+async def test_a_stream_whose_client_cannot_be_written_closes_the_providers_answer() -> None:
+    closed: list[bool] = []
+
+    class Reply:
+        status = 200
+        content_type = b"text/event-stream"
+        retry_after = None
+
+        async def read(self) -> bytes:
+            return b""
+
+        async def chunks(self) -> AsyncIterator[bytes]:
+            yield b"data: {}\n\n"
+
+        def close(self) -> None:
+            closed.append(True)
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("client connection lost")
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # never disconnects on its own
+        return {"type": "http.disconnect"}
+
+    class Provider:
+        """A provider whose answer is already in; only the way to the client is broken."""
+
+        async def send(self, *_: Any) -> Reply:
+            return Reply()
+
+    upstream = Upstream("p", "p", "openai", "m", b'"m"', Provider())  # type: ignore[arg-type]
+
+    async def recheck() -> None:
+        return None
+
+    await forward_stream(
+        (upstream,), lambda _: b"{}", {}, lambda _: False, receive, send, b"rid", recheck
+    )
+    assert closed
