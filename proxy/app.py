@@ -20,6 +20,7 @@ import vkgate
 from proxy.asgi import Receive, Scope, Send
 from proxy.auth import AuthCache
 from proxy.control import ControlPlaneClient, Unreachable
+from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
 from proxy.providers import registry
@@ -140,16 +141,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         exc.status_code, ErrorCode.INVALID_REQUEST
     )
     return Response(
-        {
-            "error": {
-                "message": exc.detail,
-                "type": "invalid_request_error",
-                "code": code,
-                "param": None,
-            }
-        },
+        ProxyError(code, exc.detail).openai_body(),
+        media_type="application/json",
         status_code=exc.status_code,
-        # The exception's own headers carry what the status needs, e.g. a 405's `Allow`.
         headers={**(exc.headers or {}), "X-Request-ID": os.urandom(16).hex()},
     )
 

@@ -29,6 +29,7 @@ from proxy.providers import Operation, Upstream
 from proxy.runtime import KeyRuntime
 from proxy.settings import ProxySettings
 from vkgate.errors import ErrorCode
+from vkgate.keys import VIRTUAL_KEY_PREFIX
 
 log = logging.getLogger("vkgate.proxy")
 
@@ -97,6 +98,9 @@ class Gateway:
                     ErrorCode.INVALID_API_KEY,
                     "no virtual key: send it as `Authorization: Bearer vk-…` or `x-api-key`",
                 )
+            if not head.key.startswith(VIRTUAL_KEY_PREFIX):
+                # Refused here: a stray bearer token costs no control-plane round trip.
+                raise ProxyError(ErrorCode.INVALID_API_KEY, "invalid virtual key")
             runtime = await self._cache.authenticate(head.key)
             await handler(runtime, head, receive, send)
         except ProxyError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,6 +98,8 @@ def number(env: Mapping[str, str], name: str, default: float, *, minimum: float 
         value = float(raw)
     except ValueError:
         raise SettingError(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise SettingError(f"{name} must be a finite number, got {raw!r}")
     if value < minimum:
         raise SettingError(f"{name} must be at least {minimum}, got {value}")
     return value

@@ -49,7 +49,8 @@ class Upstream:
     """`model` as a JSON string, ready to patch into a request body."""
     adapter: Provider
     urls: Mapping[Operation, str] = field(default_factory=dict)
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Holds the provider's credential: kept out of reprs, so out of logs and tracebacks."""
     stream_usage: bool = True
     """Whether the provider reports usage in a stream when asked (`stream_options`)."""
     price: Price | None = None

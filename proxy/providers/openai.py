@@ -103,7 +103,11 @@ class OpenAIFormat:
     ) -> AiohttpReply:
         try:
             response = await self._session.post(
-                upstream.urls[operation], data=body, headers=headers
+                upstream.urls[operation],
+                data=body,
+                headers=headers,
+                # A redirect would turn the POST into a GET and could carry credentials elsewhere.
+                allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _mapped(exc) from exc

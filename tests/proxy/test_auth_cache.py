@@ -71,3 +71,13 @@ async def test_cached_key_keeps_working_while_the_control_plane_is_down(
         tap.cut = True
         reply = await client.chat.completions.create(model=CHAT_ALIAS, messages=HELLO)
     assert reply.choices[0].message.content == REPLY
+
+
+async def test_a_bearer_token_that_is_no_virtual_key_is_refused_without_asking(
+    tenant: Tenant, tapped_proxy: RunningProxy, tap: TappedTransport
+) -> None:
+    async with tapped_proxy.http() as http:
+        response = await http.get("/v1/models", headers={"Authorization": "Bearer sk-not-ours"})
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert tap.key_lookups() == []
