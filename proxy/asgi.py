@@ -107,6 +107,8 @@ async def respond(
     body: bytes,
     headers: list[tuple[bytes, bytes]],
 ) -> None:
+    # With its length known the server need not chunk the answer.
+    headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

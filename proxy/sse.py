@@ -99,7 +99,8 @@ class UsageChunkFilter:
         Only an event whose one `data:` line is that chunk: an event that also carries other
         data (a malformed stream that glued chunks together) passes whole.
         """
-        if b'"usage"' not in event or b'"choices"' not in event:
+        if b'"usage"' not in event or b'"choices"' not in event or b'"usage":null' in event:
+            # Once usage is asked for, every chunk carries `"usage":null`: no need to decode.
             return False
         data = [line for line in event.splitlines() if line.startswith(b"data:")]
         if len(data) != 1:
