@@ -163,39 +163,18 @@ async def make_tenant(client: httpx.AsyncClient, upstream_url: str, api_key: str
     project = (
         await create(client, "/api/admin/projects", {"organization_id": org, "name": "chat"})
     )["id"]
-    provider = (
-        await create(
-            client,
-            "/api/admin/providers",
-            {
-                "organization_id": org,
-                "name": "fake-openai",
-                "kind": "openai_compatible",
-                "base_url": upstream_url,
-                "api_key": api_key,
-            },
-        )
-    )["id"]
-    policy = (
-        await create(
-            client,
-            "/api/admin/routing-policies",
-            {
-                "organization_id": org,
-                "name": "default",
-                "aliases": {
-                    CHAT_ALIAS: [{"provider_id": provider, "model": UPSTREAM_CHAT_MODEL}],
-                    EMBEDDING_ALIAS: [{"provider_id": provider, "model": UPSTREAM_EMBEDDING_MODEL}],
-                },
-            },
-        )
-    )["id"]
-    key = await create(
+    provider = await add_provider(client, org, "fake-openai", upstream_url, api_key)
+    policy = await add_policy(
         client,
-        "/api/admin/virtual-keys",
-        {"project_id": project, "name": "app", "routing_policy_id": policy},
+        org,
+        {
+            CHAT_ALIAS: [(provider, UPSTREAM_CHAT_MODEL)],
+            EMBEDDING_ALIAS: [(provider, UPSTREAM_EMBEDDING_MODEL)],
+        },
     )
-    return Tenant(org, project, provider, policy, key["id"], key["key"])
+    tenant = Tenant(org, project, provider, policy, "", "")
+    tenant.key_id, tenant.key = await add_key(client, tenant)
+    return tenant
 
 
 async def add_provider(
