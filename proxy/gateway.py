@@ -132,7 +132,7 @@ class Gateway:
                 _provider_headers(head),
                 send,
                 head.request_id,
-                self._recheck(head),
+                self._recheck(head, runtime, fields.model),
             )
             return
         options = fields.stream_options
@@ -154,7 +154,7 @@ class Gateway:
             receive,
             send,
             head.request_id,
-            self._recheck(head),
+            self._recheck(head, runtime, fields.model),
         )
 
     async def _embeddings(
@@ -174,20 +174,23 @@ class Gateway:
             _provider_headers(head),
             send,
             head.request_id,
-            self._recheck(head),
+            self._recheck(head, runtime, fields.model),
         )
 
-    def _recheck(self, head: Head) -> Recheck:
-        """Before a further paid attempt, whether the key may still be used.
+    def _recheck(self, head: Head, runtime: KeyRuntime, model: str) -> Recheck:
+        """Before a further paid attempt, whether the key may still be used for `model`.
 
         A cache hit costs no network call; a key the change feed evicted meanwhile (revoked or
-        disabled) is resolved again, and its refusal ends the walk.
+        disabled) is resolved again, and its refusal ends the walk. When the key's revision
+        changed, the model must still be one it may use.
         """
         key = head.key
         assert key is not None  # authenticated before any handler runs
 
         async def recheck() -> None:
-            await self._cache.authenticate(key)
+            current = await self._cache.authenticate(key)
+            if current.revision != runtime.revision:
+                chain_for(current, model)
 
         return recheck
 

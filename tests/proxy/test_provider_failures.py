@@ -278,3 +278,34 @@ async def test_key_revoked_during_an_attempt_gets_no_further_paid_attempt(
         response = await asyncio.wait_for(attempt, 5)
     openai_error(response, 403, "virtual_key_revoked")
     assert [r.json()["model"] for r in fake_openai.received] == ["primary-model"]
+
+
+async def test_model_taken_from_the_key_during_an_attempt_gets_no_further_paid_attempt(
+    proxy: RunningProxy, tenant: Tenant, client: httpx.AsyncClient, fake_openai: FakeOpenAI
+) -> None:
+    await proxy.following_changes()
+    first = await add_provider(client, tenant.org, "primary", fake_openai.url)
+    second = await add_provider(client, tenant.org, "secondary", fake_openai.url)
+    chain = [(first, "primary-model"), (second, "secondary-model")]
+    policy = await add_policy(client, tenant.org, {CHAT_ALIAS: chain, "other": chain[1:]})
+    key_id, key = await add_key(client, tenant, policy=policy)
+    async with proxy.openai(key) as sdk:
+        await sdk.models.list()  # the key is cached
+        fake_openai.hold = asyncio.Event()
+        fake_openai.fail_next(500)
+        attempt = asyncio.create_task(refusal(proxy, key))
+        while not fake_openai.received:
+            assert not attempt.done()
+            await asyncio.sleep(0.01)
+        changed = await client.patch(
+            f"/api/admin/virtual-keys/{key_id}", json={"allowed_models": ["other"]}, headers=ADMIN
+        )
+        assert changed.status_code == 200, changed.text
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while [m.id async for m in sdk.models.list()] != ["other"]:
+            assert asyncio.get_running_loop().time() < deadline, "the change never arrived"
+            await asyncio.sleep(0.01)
+        fake_openai.hold.set()  # the first provider now fails with its 500
+        response = await asyncio.wait_for(attempt, 5)
+    openai_error(response, 403, "model_not_allowed")
+    assert [r.json()["model"] for r in fake_openai.received] == ["primary-model"]
