@@ -71,9 +71,11 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
                 "id": alias,
                 "object": "model",
                 "created": 0,
-                "owned_by": chain[0].provider_name if chain else "vkgate",
+                "owned_by": chain[0].provider_name,
             }
+            # An alias no credential of which this proxy can call is not offered.
             for alias, chain in sorted(chains.items())
+            if chain
         ],
     }
     return KeyRuntime(

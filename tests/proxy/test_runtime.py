@@ -121,7 +121,8 @@ def test_a_provider_kind_this_proxy_cannot_call_is_left_out_of_the_chain(
     assert [u.provider_name for u in runtime.chains["fast"]] == ["first"]
     # Still the key's alias (not a 404), but with nothing this proxy can call behind it.
     assert runtime.chains["only-future"] == ()
-    assert models(runtime.models_body) == [("fast", "first"), ("only-future", "vkgate")]
+    # ... and not offered by GET /v1/models.
+    assert models(runtime.models_body) == [("fast", "first")]
     assert "quantum" in caplog.text
 
 
