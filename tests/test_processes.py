@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import stat
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from tests.support.env import secrets_env
-from tests.support.processes import clean_env, free_port, running, vkgate
+from tests.support.processes import banner_value, clean_env, free_port, running, vkgate
 
 GENERATED_SECRETS = {
     "VKGATE_INTERNAL_SECRET",
@@ -26,12 +25,6 @@ GENERATED_SECRETS = {
 def read_secrets(path: Path) -> dict[str, str]:
     lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
     return dict(line.split("=", 1) for line in lines)
-
-
-def banner_value(output: str, label: str) -> str:
-    match = re.search(rf"^\s*{label}\s+(\S+)", output, re.MULTILINE)
-    assert match, f"no {label!r} line in:\n{output}"
-    return match.group(1)
 
 
 def test_up_generates_private_secrets_and_reuses_them_on_restart(tmp_path: Path) -> None:

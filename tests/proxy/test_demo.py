@@ -17,6 +17,7 @@ from proxy.providers.mock import EMBEDDING_DIMENSIONS, REPLY
 from tests.support.processes import (
     EXIT_TIMEOUT_S,
     Service,
+    banner_value,
     clean_env,
     free_port,
     kill_group,
@@ -26,12 +27,6 @@ from tests.support.processes import (
     wait_until_closed,
     wait_until_healthy,
 )
-
-
-def banner_value(output: str, label: str) -> str:
-    match = re.search(rf"^\s*{label}\s+(\S+)", output, re.MULTILINE)
-    assert match, f"no {label!r} line in the banner"
-    return match.group(1)
 
 
 @dataclasses.dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -159,3 +160,10 @@ def running(
         yield service
     finally:
         stop(service.process)
+
+
+def banner_value(output: str, label: str) -> str:
+    """The value after `label` on a line of a banner `vkgate up` printed."""
+    match = re.search(rf"^\s*{label}\s+(\S+)", output, re.MULTILINE)
+    assert match, f"no {label!r} line in:\n{output}"
+    return match.group(1)
