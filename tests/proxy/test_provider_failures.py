@@ -182,6 +182,21 @@ async def two_credential_key(
     return await add_key(client, tenant, policy=policy)
 
 
+async def attempt_held_at_the_first_provider(
+    proxy: RunningProxy, key: str, fake_openai: FakeOpenAI
+) -> asyncio.Task[Answer]:
+    """A request of `key` (cached first) whose first provider holds its 500 until released."""
+    async with proxy.openai(key) as sdk:
+        await sdk.models.list()
+    fake_openai.hold = asyncio.Event()
+    fake_openai.fail_next(500)
+    attempt = asyncio.create_task(refusal(proxy, key))
+    while not fake_openai.received:
+        assert not attempt.done()
+        await asyncio.sleep(0.01)
+    return attempt
+
+
 @pytest.mark.parametrize("status", [500, 503, 429])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_chain_falls_through_a_failing_first_provider_to_the_second(
@@ -263,19 +278,12 @@ async def test_key_revoked_during_an_attempt_gets_no_further_paid_attempt(
 ) -> None:
     await proxy.following_changes()
     key_id, key = await two_credential_key(client, tenant, fake_openai.url, fake_openai.url)
-    async with proxy.openai(key) as sdk:
-        await sdk.models.list()  # the key is cached
-        fake_openai.hold = asyncio.Event()
-        fake_openai.fail_next(500)
-        attempt = asyncio.create_task(refusal(proxy, key))
-        while not fake_openai.received:
-            assert not attempt.done()
-            await asyncio.sleep(0.01)
-        revoked = await client.post(f"/api/admin/virtual-keys/{key_id}/revoke", headers=ADMIN)
-        assert revoked.status_code == 200, revoked.text
-        await refused_within(proxy, key, 403)
-        fake_openai.hold.set()  # the first provider now fails with its 500
-        response = await asyncio.wait_for(attempt, 5)
+    attempt = await attempt_held_at_the_first_provider(proxy, key, fake_openai)
+    revoked = await client.post(f"/api/admin/virtual-keys/{key_id}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200, revoked.text
+    await refused_within(proxy, key, 403)
+    fake_openai.hold.set()  # the first provider now fails with its 500
+    response = await asyncio.wait_for(attempt, 5)
     openai_error(response, 403, "virtual_key_revoked")
     assert [r.json()["model"] for r in fake_openai.received] == ["primary-model"]
 
@@ -289,23 +297,17 @@ async def test_model_taken_from_the_key_during_an_attempt_gets_no_further_paid_a
     chain = [(first, "primary-model"), (second, "secondary-model")]
     policy = await add_policy(client, tenant.org, {CHAT_ALIAS: chain, "other": chain[1:]})
     key_id, key = await add_key(client, tenant, policy=policy)
+    attempt = await attempt_held_at_the_first_provider(proxy, key, fake_openai)
+    changed = await client.patch(
+        f"/api/admin/virtual-keys/{key_id}", json={"allowed_models": ["other"]}, headers=ADMIN
+    )
+    assert changed.status_code == 200, changed.text
+    deadline = asyncio.get_running_loop().time() + 2.0
     async with proxy.openai(key) as sdk:
-        await sdk.models.list()  # the key is cached
-        fake_openai.hold = asyncio.Event()
-        fake_openai.fail_next(500)
-        attempt = asyncio.create_task(refusal(proxy, key))
-        while not fake_openai.received:
-            assert not attempt.done()
-            await asyncio.sleep(0.01)
-        changed = await client.patch(
-            f"/api/admin/virtual-keys/{key_id}", json={"allowed_models": ["other"]}, headers=ADMIN
-        )
-        assert changed.status_code == 200, changed.text
-        deadline = asyncio.get_running_loop().time() + 2.0
         while [m.id async for m in sdk.models.list()] != ["other"]:
             assert asyncio.get_running_loop().time() < deadline, "the change never arrived"
             await asyncio.sleep(0.01)
-        fake_openai.hold.set()  # the first provider now fails with its 500
-        response = await asyncio.wait_for(attempt, 5)
+    fake_openai.hold.set()  # the first provider now fails with its 500
+    response = await asyncio.wait_for(attempt, 5)
     openai_error(response, 403, "model_not_allowed")
     assert [r.json()["model"] for r in fake_openai.received] == ["primary-model"]
