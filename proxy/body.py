@@ -8,7 +8,7 @@ added by a provider tomorrow pass through untouched.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -19,16 +19,20 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
+NonEmpty = msgspec.Meta(min_length=1)
+Model = Annotated[str, NonEmpty]
+
+
 class ChatFields(msgspec.Struct):
-    model: str
+    model: Model
     # Raw: each message is checked to be JSON but never decoded.
-    messages: list[msgspec.Raw]
+    messages: Annotated[list[msgspec.Raw], NonEmpty]
     stream: bool | None = None
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class EmbeddingFields(msgspec.Struct):
-    model: str
+    model: Model
     input: msgspec.Raw
 
 
@@ -49,25 +53,22 @@ def _refusal(exc: msgspec.DecodeError) -> Exception:
     return invalid(f"request body is not valid JSON: {text}")
 
 
-def chat_fields(body: bytes) -> ChatFields:
+F = TypeVar("F")
+
+
+def _decoded(decoder: msgspec.json.Decoder[F], body: bytes) -> F:
     try:
-        fields = _chat.decode(body)
+        return decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _refusal(exc) from None
-    if not fields.model:
-        raise invalid("model must not be empty", param="model")
-    if not fields.messages:
-        raise invalid("messages must contain at least one message", param="messages")
-    return fields
+
+
+def chat_fields(body: bytes) -> ChatFields:
+    return _decoded(_chat, body)
 
 
 def embedding_fields(body: bytes) -> EmbeddingFields:
-    try:
-        fields = _embeddings.decode(body)
-    except msgspec.DecodeError as exc:
-        raise _refusal(exc) from None
-    if not fields.model:
-        raise invalid("model must not be empty", param="model")
+    fields = _decoded(_embeddings, body)
     if _EMPTY_INPUT.fullmatch(bytes(fields.input)):
         raise invalid("input must not be empty", param="input")
     return fields
