@@ -1,4 +1,4 @@
-"""The proxy's one error tree and its OpenAI-format renderer."""
+"""The proxy's one error tree and its two renderers: OpenAI's format and Anthropic's."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ from vkgate.errors import ERRORS, ErrorCode
 from vkgate.wire import ErrorBody, ErrorDetail
 
 _encode = msgspec.json.Encoder().encode
+
+
+class AnthropicErrorDetail(msgspec.Struct, omit_defaults=False):
+    type: str
+    message: str
+    code: str
+
+
+class AnthropicErrorBody(msgspec.Struct, tag_field="type", tag="error"):
+    error: AnthropicErrorDetail
 
 
 class ProxyError(Exception):
@@ -35,6 +45,13 @@ class ProxyError(Exception):
         kind = ERRORS[self.code]
         return _encode(
             ErrorBody(ErrorDetail(self.message, kind.openai_type, self.code, self.param))
+        )
+
+    def anthropic_body(self) -> bytes:
+        """`{"type": "error", "error": {"type", "message", "code"}}`, as `/v1/messages` answers."""
+        kind = ERRORS[self.code]
+        return _encode(
+            AnthropicErrorBody(AnthropicErrorDetail(kind.anthropic_type, self.message, self.code))
         )
 
 

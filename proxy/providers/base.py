@@ -12,7 +12,17 @@ from vkgate.wire import ChainTarget, Price
 
 class Operation(StrEnum):
     CHAT = "chat"
+    """OpenAI's chat completions."""
+    MESSAGES = "messages"
+    """Anthropic's Messages API."""
     EMBEDDINGS = "embeddings"
+
+
+class WireFormat(StrEnum):
+    """The request/response schema a client or a provider speaks."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
 
 
 class ProviderUnreachable(Exception):
@@ -48,6 +58,8 @@ class Upstream:
     model_json: bytes
     """`model` as a JSON string, ready to patch into a request body."""
     adapter: Provider
+    wire: WireFormat = WireFormat.OPENAI
+    """The schema this provider speaks: a client speaking another one is translated."""
     urls: Mapping[Operation, str] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Holds the provider's credential: kept out of reprs, so out of logs and tracebacks."""

@@ -1,0 +1,95 @@
+"""Spend records and spool segments: what a proxy writes to disk and ships to the control plane.
+
+A proxy appends one `SpendRecord` per line (JSON, `\\n`-terminated) to its open segment file;
+a segment is shipped as a `SpendSegment` to `POST /api/internal/gateway/spend-commands`, and the
+control plane answers a `SpendAck` once the records are in the ledger. Both services import
+these types; fields are only ever added with defaults.
+
+Token counts follow OpenAI's convention whatever the provider: `input_tokens` counts every
+input token, cache reads and writes included; `reasoning_tokens` are part of `output_tokens`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+
+SPEND_COMMANDS_PATH = "/spend-commands"
+
+
+class RecordKind(StrEnum):
+    ADMIT = "admit"
+    """Written when a request enters the pipeline, before anything can refuse it."""
+    CONFIRM = "confirm"
+    """The request was served: a provider answered 2xx (a stream may still have broken later)."""
+    FAIL = "fail"
+    """The request was refused by the gateway, or no provider served it."""
+
+
+class UsageSource(StrEnum):
+    PROVIDER = "provider"
+    """Counts are what the provider reported."""
+    ESTIMATED = "estimated"
+    """The provider reported none; counts were estimated with a tokenizer."""
+    NONE = "none"
+    """No tokens were spent (a refusal) or nothing could be counted."""
+
+
+class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    id: str
+    """Unique per record (a UUID in hex): the ledger's idempotency key."""
+    kind: str
+    """A `RecordKind`."""
+    replica_id: str
+    seq: int
+    """Per replica, from 1 and without gaps across restarts: a gap is a lost record."""
+    request_id: str
+    at: str
+    """When the record was written, RFC 3339 UTC with microseconds."""
+    route: str
+    """`/v1/chat/completions`, `/v1/messages` or `/v1/embeddings`."""
+    organization_id: str | None = None
+    team_id: str | None = None
+    project_id: str | None = None
+    virtual_key_id: str | None = None
+    end_user: str | None = None
+    model: str | None = None
+    """The alias the client asked for."""
+    served_model: str | None = None
+    """The model the provider says it served."""
+    provider_id: str | None = None
+    provider_kind: str | None = None
+    status: int = 0
+    """The HTTP status the client got (0 on an admit record)."""
+    error_code: str | None = None
+    refused: bool = False
+    """A fail record for a request the gateway refused before paying any provider."""
+    stream: bool = False
+    cancelled: bool = False
+    """The client went away before the answer ended; usage is what was seen until then."""
+    attempts: int = 0
+    """Provider calls made (a fallback adds one)."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    usage_source: str = UsageSource.NONE
+    latency_ms: float = 0.0
+    ttfb_ms: float | None = None
+
+
+class SpendSegment(msgspec.Struct, kw_only=True):
+    replica_id: str
+    segment_id: str
+    """Unique per replica and segment (the file's name); shipping it again changes nothing."""
+    records: list[SpendRecord]
+
+
+class SpendAck(msgspec.Struct, kw_only=True):
+    segment_id: str
+    accepted: int
+    """Records written to the ledger by this call."""
+    duplicates: int
+    """Records already in the ledger (the segment, or part of it, was shipped before)."""
