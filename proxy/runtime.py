@@ -13,7 +13,7 @@ from datetime import datetime
 
 import msgspec
 
-from proxy.providers import Provider, Upstream
+from proxy.providers import Provider, ProviderMisconfigured, Upstream
 from vkgate.wire import BudgetState, ConfigBundle, Limits
 
 log = logging.getLogger("vkgate.proxy")
@@ -62,7 +62,12 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
                     target.provider_id,
                 )
                 continue
-            compiled.append(provider.compile(target))
+            try:
+                compiled.append(provider.compile(target))
+            except ProviderMisconfigured as exc:
+                # A credential this proxy cannot call as configured is left out, like an unknown
+                # kind: the rest of the chain still serves.
+                log.warning("provider %s skipped: %s", target.provider_id, exc)
         chains[alias] = tuple(compiled)
     models = {
         "object": "list",

@@ -93,6 +93,8 @@ class MockProvider:
             model=target.model,
             model_json=_encode(target.model),
             adapter=self,
+            # Never dialled: the addresses only say which operations the mock serves.
+            urls={Operation.CHAT: "mock:chat", Operation.EMBEDDINGS: "mock:embeddings"},
             price=target.price,
         )
 

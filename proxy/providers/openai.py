@@ -1,4 +1,4 @@
-"""OpenAI's API and every server that speaks it (vLLM, Ollama, Groq, Together, …): one adapter.
+"""OpenAI's API and every server that speaks it (Azure, vLLM, Ollama, Groq, …): one adapter.
 
 Vendors differ only in what a `Dialect` declares; bodies go out as the client sent them, with
 `model` patched by the caller.
@@ -6,70 +6,54 @@ Vendors differ only in what a `Dialect` declares; bodies go out as the client se
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
 
-from proxy.providers.base import (
-    Operation,
-    ProviderTimeout,
-    ProviderUnreachable,
-    Upstream,
-)
+from proxy.providers._http import AiohttpReply, ProviderMisconfigured, post
+from proxy.providers.base import Operation, Upstream
 from vkgate.wire import ChainTarget
 
 PATHS = {Operation.CHAT: "/chat/completions", Operation.EMBEDDINGS: "/embeddings"}
+AZURE_API_VERSION = "2024-10-21"
+"""Azure's API version when a credential names none: a GA one that takes `stream_options`."""
+
+UrlBuilder = Callable[[str, ChainTarget], dict[Operation, str]]
+
+
+def _under_base(base: str, target: ChainTarget) -> dict[Operation, str]:
+    return {operation: base + path for operation, path in PATHS.items()}
+
+
+def _azure_deployment(base: str, target: ChainTarget) -> dict[Operation, str]:
+    # Azure routes by deployment, named in the path: the chain target's model is that name.
+    deployment = base + "/openai/deployments/" + quote(target.model, safe="")
+    query = "?api-version=" + quote(target.api_version or AZURE_API_VERSION, safe="")
+    return {operation: deployment + path + query for operation, path in PATHS.items()}
 
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
     kind: str
     default_base_url: str | None
+    """None: a credential must name its own address, or it cannot be compiled."""
     auth_header: str = "Authorization"
     auth_prefix: str = "Bearer "
     stream_usage: bool = True
+    urls: UrlBuilder = _under_base
+    """The URL of each operation, from the base URL and the chain target."""
 
 
 OPENAI = Dialect("openai", "https://api.openai.com/v1")
 # Self-hosted servers often need no key and have no default address.
 OPENAI_COMPATIBLE = Dialect("openai_compatible", None)
-
-
-class AiohttpReply:
-    __slots__ = ("_response", "content_type", "retry_after", "status")
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        headers = response.headers
-        self.content_type = headers.get("Content-Type", "application/json").encode("latin-1")
-        retry_after = headers.get("Retry-After")
-        self.retry_after = retry_after.encode("latin-1") if retry_after else None
-
-    async def read(self) -> bytes:
-        try:
-            return await self._response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _mapped(exc) from exc
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _mapped(exc) from exc
-
-    def close(self) -> None:
-        self._response.close()
-
-
-def _mapped(exc: BaseException) -> Exception:
-    if isinstance(exc, asyncio.TimeoutError):
-        return ProviderTimeout(str(exc) or type(exc).__name__)
-    return ProviderUnreachable(str(exc) or type(exc).__name__)
+# `base_url` is the resource endpoint, https://<resource>.openai.azure.com.
+AZURE_OPENAI = Dialect(
+    "azure_openai", None, auth_header="api-key", auth_prefix="", urls=_azure_deployment
+)
 
 
 class OpenAIFormat:
@@ -82,6 +66,10 @@ class OpenAIFormat:
 
     def compile(self, target: ChainTarget) -> Upstream:
         base = (target.base_url or self._dialect.default_base_url or "").rstrip("/")
+        if not base:
+            raise ProviderMisconfigured(
+                f"provider {target.provider_id} of kind {target.kind} has no base_url"
+            )
         headers = {"Content-Type": "application/json", **target.headers}
         if target.api_key:
             headers[self._dialect.auth_header] = self._dialect.auth_prefix + target.api_key
@@ -92,7 +80,7 @@ class OpenAIFormat:
             model=target.model,
             model_json=msgspec.json.encode(target.model),
             adapter=self,
-            urls={operation: base + path for operation, path in PATHS.items()},
+            urls=self._dialect.urls(base, target),
             headers=headers,
             stream_usage=self._dialect.stream_usage,
             price=target.price,
@@ -101,14 +89,4 @@ class OpenAIFormat:
     async def send(
         self, upstream: Upstream, operation: Operation, body: bytes, headers: Mapping[str, str]
     ) -> AiohttpReply:
-        try:
-            response = await self._session.post(
-                upstream.urls[operation],
-                data=body,
-                headers=headers,
-                # A redirect would turn the POST into a GET and could carry credentials elsewhere.
-                allow_redirects=False,
-            )
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _mapped(exc) from exc
-        return AiohttpReply(response)
+        return await post(self._session, upstream.urls[operation], body, headers)

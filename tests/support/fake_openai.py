@@ -1,8 +1,10 @@
 """A fake OpenAI-compatible provider: a real HTTP server on loopback speaking OpenAI's wire format.
 
 It answers chat completions (plain and SSE, with `stream_options.include_usage`, tool calls),
-embeddings (float and base64) and the model list; records every request it receives, byte for
-byte; and can be told to fail, stall or stream slowly for the next requests.
+embeddings (float and base64) and the model list, under OpenAI's paths and Azure OpenAI's
+deployment paths; records every request it receives, byte for byte; and can be told to fail,
+stall, stream slowly or cut a stream for the next requests. `FakeProvider` holds what every fake
+provider shares.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import base64
 import json
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: dict[str, str] = field(default_factory=dict)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -46,9 +49,10 @@ class Failure:
 
 
 @dataclass
-class FakeOpenAI:
+class FakeProvider:
+    """What every fake provider records, and the knobs that make it misbehave."""
+
     url: str = ""
-    """Base URL as OpenAI's SDK takes it, ending in /v1."""
     api_key: str = API_KEY
     received: list[Received] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -61,15 +65,81 @@ class FakeOpenAI:
     """Wait this long between two stream events."""
     stream_events: int = 0
     """Stream this many extra content events (a long stream, for disconnect tests)."""
+    break_after_events: int | None = None
+    """Cut the connection once a stream has sent this many events, without ending the body
+    (at 0 the cut may come before the status line reaches the client)."""
+    streamed: list[bytes] = field(default_factory=list)
+    """Every stream event sent, in order, across requests: the bytes a client should see."""
     stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when a client went away in the middle of a stream."""
 
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        """The provider's own error object for `status`."""
+        raise NotImplementedError
+
     def fail_next(self, status: int, message: str = "upstream says no", **headers: str) -> None:
+        self.failures.append(Failure(status, self.error_body(status, message), dict(headers)))
+
+    async def admit(self, request: web.Request) -> bytes:
+        """Record the request, then wait as told; its body."""
+        body = await request.read()
+        self.received.append(
+            Received(request.method, request.path, dict(request.headers), body, dict(request.query))
+        )
+        if self.stall_s:
+            await asyncio.sleep(self.stall_s)
+        if self.hold is not None:
+            await self.hold.wait()
+        return body
+
+    def next_failure(self) -> web.Response | None:
+        if not self.failures:
+            return None
+        failure = self.failures.pop(0)
+        return web.json_response(failure.body, status=failure.status, headers=failure.headers)
+
+    async def stream(
+        self, request: web.Request, content_type: str, events: Iterable[bytes]
+    ) -> web.StreamResponse:
+        """Send `events` as a chunked body, honouring the delay and break knobs."""
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+        try:
+            for sent, event in enumerate(events):
+                if sent == self.break_after_events:
+                    # close(), not abort(): what was written still arrives, then the body stops
+                    # short of its last chunk, as when a provider's connection drops.
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                await response.write(event)
+                self.streamed.append(event)
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stream_cancelled.set()
+            raise
+        return response
+
+
+@dataclass
+class FakeOpenAI(FakeProvider):
+    url: str = ""
+    """Base URL as OpenAI's SDK takes it, ending in /v1."""
+    azure_deployments: set[str] | None = None
+    """Deployments the Azure routes know (others are 404 `DeploymentNotFound`); None: any."""
+
+    @property
+    def azure_endpoint(self) -> str:
+        """The resource endpoint as Azure's SDK takes it: the server's root."""
+        return self.url.removesuffix("/v1")
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = "rate_limit_error" if status == 429 else "invalid_request_error"
         if status >= 500:
             kind = "server_error"
-        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-        self.failures.append(Failure(status, body, dict(headers)))
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -96,14 +166,17 @@ def _chunk(model: str, delta: dict[str, Any], finish: str | None, usage: bool) -
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+def _azure_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Responder = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
+
+
 def _app(fake: FakeOpenAI) -> web.Application:
-    async def gate(request: web.Request) -> web.StreamResponse | None:
-        body = await request.read()
-        fake.received.append(Received(request.method, request.path, dict(request.headers), body))
-        if fake.stall_s:
-            await asyncio.sleep(fake.stall_s)
-        if fake.hold is not None:
-            await fake.hold.wait()
+    def gate(request: web.Request) -> web.Response | None:
+        """OpenAI's refusal of the request, or the next failure it was told to answer."""
         if request.headers.get("Authorization") != f"Bearer {fake.api_key}":
             return web.json_response(
                 {
@@ -116,16 +189,55 @@ def _app(fake: FakeOpenAI) -> web.Application:
                 },
                 status=401,
             )
-        if fake.failures:
-            failure = fake.failures.pop(0)
-            return web.json_response(failure.body, status=failure.status, headers=failure.headers)
-        return None
+        return fake.next_failure()
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        refusal = await gate(request)
-        if refusal is not None:
-            return refusal
-        payload = json.loads(fake.received[-1].body)
+    def azure_gate(request: web.Request) -> web.Response | None:
+        """Azure's refusal of the request, or the next failure it was told to answer."""
+        # Azure answers a missing version as an unknown route, before it looks at the key.
+        if not request.query.get("api-version"):
+            return _azure_error(404, "404", "Resource not found")
+        if request.headers.get("api-key") != fake.api_key:
+            return _azure_error(
+                401,
+                "401",
+                "Access denied due to invalid subscription key or wrong API endpoint. Make sure "
+                "to provide a valid key for an active subscription and use a correct regional "
+                "API endpoint for your resource.",
+            )
+        deployment = request.match_info["deployment"]
+        if fake.azure_deployments is not None and deployment not in fake.azure_deployments:
+            return _azure_error(
+                404,
+                "DeploymentNotFound",
+                "The API deployment for this resource does not exist. If you created the "
+                "deployment within the last 5 minutes, please wait a moment and try again.",
+            )
+        return fake.next_failure()
+
+    def openai_route(answer: Responder) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = await fake.admit(request)
+            refusal = gate(request)
+            if refusal is not None:
+                return refusal
+            return await answer(request, json.loads(body))
+
+        return handle
+
+    def azure_route(answer: Responder) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = await fake.admit(request)
+            refusal = azure_gate(request)
+            if refusal is not None:
+                return refusal
+            payload = json.loads(body)
+            # Azure takes the model from the deployment; a body may leave it out.
+            payload.setdefault("model", request.match_info["deployment"])
+            return await answer(request, payload)
+
+        return handle
+
+    async def chat(request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
         model = payload["model"]
         tools = payload.get("tools")
         if tools and payload.get("tool_choice") != "none":
@@ -160,8 +272,6 @@ def _app(fake: FakeOpenAI) -> web.Application:
                 }
             )
         usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
         events = [_chunk(model, {"role": "assistant", "content": ""}, None, usage)]
         if message.get("tool_calls"):
             call = message["tool_calls"][0]
@@ -182,22 +292,9 @@ def _app(fake: FakeOpenAI) -> web.Application:
             }
             events.append(b"data: " + json.dumps(final).encode() + b"\n\n")
         events.append(b"data: [DONE]\n\n")
-        try:
-            for event in events:
-                await response.write(event)
-                if fake.chunk_delay_s:
-                    await asyncio.sleep(fake.chunk_delay_s)
-            await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            fake.stream_cancelled.set()
-            raise
-        return response
+        return await fake.stream(request, "text/event-stream", events)
 
-    async def embeddings(request: web.Request) -> web.StreamResponse:
-        refusal = await gate(request)
-        if refusal is not None:
-            return refusal
-        payload = json.loads(fake.received[-1].body)
+    async def embeddings(request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
         inputs = payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
         data = []
         for index, _ in enumerate(inputs):
@@ -216,7 +313,8 @@ def _app(fake: FakeOpenAI) -> web.Application:
         )
 
     async def models(request: web.Request) -> web.StreamResponse:
-        refusal = await gate(request)
+        await fake.admit(request)
+        refusal = gate(request)
         if refusal is not None:
             return refusal
         return web.json_response(
@@ -229,22 +327,32 @@ def _app(fake: FakeOpenAI) -> web.Application:
         )
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/chat/completions", openai_route(chat))
+    app.router.add_post("/v1/embeddings", openai_route(embeddings))
     app.router.add_get("/v1/models", models)
+    deployment = "/openai/deployments/{deployment}"
+    app.router.add_post(deployment + "/chat/completions", azure_route(chat))
+    app.router.add_post(deployment + "/embeddings", azure_route(embeddings))
     return app
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """`app` served on a free loopback port; yields its origin, `http://127.0.0.1:<port>`."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 @asynccontextmanager
 async def serve_fake_openai() -> AsyncIterator[FakeOpenAI]:
     fake = FakeOpenAI()
-    runner = web.AppRunner(_app(fake), handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    fake.url = f"http://127.0.0.1:{port}/v1"
-    try:
+    async with serving(_app(fake)) as origin:
+        fake.url = origin + "/v1"
         yield fake
-    finally:
-        await runner.cleanup()
