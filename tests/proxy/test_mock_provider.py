@@ -18,7 +18,8 @@ from proxy.providers.mock import (
     MockReply,
     count_tokens,
 )
-from proxy.sse import Usage, UsageChunkFilter
+from proxy.sse import UsageChunkFilter
+from proxy.usage import TokenUsage
 from tests.support.clock import ManualClock
 from vkgate.wire import ChainTarget
 
@@ -326,7 +327,10 @@ async def test_stream_ends_with_a_usage_chunk_only_when_asked(
     usage_filter = UsageChunkFilter()
     passed = usage_filter.feed(body) + usage_filter.flush()
     assert chunks(passed) == content
-    assert usage_filter.usage == Usage(**plain["usage"])
+    assert usage_filter.usage == TokenUsage(
+        input_tokens=plain["usage"]["prompt_tokens"],
+        output_tokens=plain["usage"]["completion_tokens"],
+    )
 
 
 async def test_stream_without_include_usage_has_no_usage_chunk(

@@ -1,4 +1,5 @@
-"""The stream filter: every byte passes as sent except the usage-only chunk, however it is split."""
+"""The stream filter: every byte passes as sent except the usage-only chunk, however it is split;
+and the event reader the translators parse streams with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.sse import Usage, UsageChunkFilter
+from proxy.sse import Event, EventReader, UsageChunkFilter
+from proxy.usage import TokenUsage
 
 
 def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def test_usage_only_chunk_is_dropped_and_its_usage_kept(end: str) -> None:
     stream, expected = openai_stream(end)
     out, usage_filter = filtered([stream])
     assert out == expected
-    assert usage_filter.usage == Usage(prompt_tokens=9, completion_tokens=3, total_tokens=12)
+    assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3)
 
 
 def test_stream_without_a_usage_chunk_passes_byte_for_byte() -> None:
@@ -70,7 +72,7 @@ def test_stream_without_a_usage_chunk_passes_byte_for_byte() -> None:
     assert usage_filter.usage is None
 
 
-def test_usage_with_details_is_read_and_its_chunk_dropped() -> None:
+def test_usage_details_are_kept_and_their_chunk_dropped() -> None:
     usage = {
         **USAGE,
         "prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0},
@@ -78,7 +80,9 @@ def test_usage_with_details_is_read_and_its_chunk_dropped() -> None:
     }
     out, usage_filter = filtered([event(chunk([], usage=usage)), event("[DONE]")])
     assert out == event("[DONE]")
-    assert usage_filter.usage == Usage(9, 3, 12)
+    assert usage_filter.usage == TokenUsage(
+        input_tokens=9, output_tokens=3, cache_read_tokens=4, reasoning_tokens=1
+    )
 
 
 @pytest.mark.parametrize(
@@ -136,7 +140,7 @@ def test_an_unterminated_usage_only_chunk_is_dropped_on_flush() -> None:
     usage_filter = UsageChunkFilter()
     assert usage_filter.feed(event(chunk([], usage=USAGE), end="\n")) == b""
     assert usage_filter.flush() == b""
-    assert usage_filter.usage == Usage(9, 3, 12)
+    assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3)
 
 
 def test_an_event_is_held_only_until_its_blank_line_arrives() -> None:
@@ -151,7 +155,7 @@ def test_many_events_in_one_chunk_come_out_in_order() -> None:
     usage_only = event(chunk([], usage=USAGE))
     out, usage_filter = filtered([b"".join([*events[:1_000], usage_only, *events[1_000:]])])
     assert out == b"".join(events)
-    assert usage_filter.usage == Usage(9, 3, 12)
+    assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3)
 
 
 # -- the same output however the stream is cut ------------------------------------------------
@@ -185,7 +189,9 @@ def test_output_is_the_same_for_a_cut_at_every_byte(name: str) -> None:
     for cut in range(len(stream) + 1):
         out, usage_filter = filtered([stream[:cut], stream[cut:]])
         assert out == expected, f"cut at byte {cut}"
-        assert usage_filter.usage == Usage(9, 3, 12), f"cut at byte {cut}"
+        assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3), (
+            f"cut at byte {cut}"
+        )
 
 
 @pytest.mark.parametrize("name", STREAMS)
@@ -193,7 +199,7 @@ def test_output_is_the_same_fed_one_byte_at_a_time(name: str) -> None:
     stream, expected = STREAMS[name]
     out, usage_filter = filtered(stream[i : i + 1] for i in range(len(stream)))
     assert out == expected
-    assert usage_filter.usage == Usage(9, 3, 12)
+    assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3)
 
 
 def test_output_is_the_same_for_every_pair_of_cuts() -> None:
@@ -211,7 +217,7 @@ def test_output_is_the_same_for_every_pair_of_cuts() -> None:
             pieces = [stream[:first], stream[first:second], stream[second:]]
             out, usage_filter = filtered(pieces)
             assert out == expected, f"cuts at {first} and {second}"
-            assert usage_filter.usage == Usage(prompt_tokens=1)
+            assert usage_filter.usage == TokenUsage(input_tokens=1)
 
 
 def test_cut_output_is_the_events_so_far() -> None:
@@ -222,3 +228,117 @@ def test_cut_output_is_the_events_so_far() -> None:
         early = usage_filter.feed(stream[:cut])
         assert expected.startswith(early)
         assert early == b"" or early.endswith(b"\n\n")
+
+
+# -- the served model, and usage read without dropping the chunk --------------------------------
+
+
+def test_the_served_model_is_read_from_the_first_chunk() -> None:
+    stream, _ = openai_stream()
+    _, usage_filter = filtered([stream])
+    assert usage_filter.model == "gpt-4o-mini"
+
+
+def test_the_model_is_read_from_a_stream_without_usage() -> None:
+    _, stream = openai_stream()
+    _, usage_filter = filtered([stream])
+    assert usage_filter.model == "gpt-4o-mini"
+
+
+def test_the_model_of_the_usage_chunk_is_kept_when_it_is_the_first_to_name_one() -> None:
+    stream = event({"choices": [{"index": 0, "delta": {"content": "a"}}]}) + event(
+        chunk([], usage=USAGE)
+    )
+    _, usage_filter = filtered([stream])
+    assert usage_filter.model == "gpt-4o-mini"
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_without_drop_every_byte_passes_at_once_and_usage_is_read(name: str) -> None:
+    stream, _ = STREAMS[name]
+    for cut in range(len(stream) + 1):
+        usage_filter = UsageChunkFilter(drop=False)
+        first, second = stream[:cut], stream[cut:]
+        assert usage_filter.feed(first) == first
+        assert usage_filter.feed(second) == second
+        assert usage_filter.flush() == b""
+        assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3), f"cut {cut}"
+
+
+def test_without_drop_an_unterminated_usage_chunk_is_read_on_flush() -> None:
+    usage_filter = UsageChunkFilter(drop=False)
+    tail = event(chunk([], usage=USAGE), end="")
+    assert usage_filter.feed(tail) == tail
+    assert usage_filter.flush() == b""
+    assert usage_filter.usage == TokenUsage(input_tokens=9, output_tokens=3)
+
+
+def test_a_chunk_with_usage_null_is_never_decoded_for_usage() -> None:
+    """The fast path: `"usage":null` settles it, however much the event looks like usage."""
+    usage_filter = UsageChunkFilter()
+    kept = b'data: {"model":"m","choices":[],"usage":null}\n\n'
+    assert usage_filter.feed(kept) == kept
+    assert usage_filter.usage is None
+
+
+# -- the event reader ---------------------------------------------------------------------------
+
+ANTHROPIC_EVENTS = (
+    b"event: message_start\n"
+    b'data: {"type":"message_start"}\n\n'
+    b": a comment\n\n"
+    b"event: ping\n"
+    b'data: {"type": "ping"}\n\n'
+    b"id: 7\nretry: 10\n"
+    b'data: {"a":\n'
+    b"data:1}\n\n"
+    b"event: lonely\n\n"
+)
+PARSED = [
+    Event(b"message_start", b'{"type":"message_start"}'),
+    Event(b"ping", b'{"type": "ping"}'),
+    Event(b"", b'{"a":\n1}'),
+]
+
+
+def read(pieces: Iterable[bytes]) -> list[Event]:
+    reader = EventReader()
+    events = [e for piece in pieces for e in reader.feed(piece)]
+    return events + reader.flush()
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_events_are_read_whatever_the_line_endings(end: str) -> None:
+    stream = ANTHROPIC_EVENTS.replace(b"\n", end.encode())
+    assert read([stream]) == PARSED
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_events_are_the_same_for_a_cut_at_every_byte(end: str) -> None:
+    stream = ANTHROPIC_EVENTS.replace(b"\n", end.encode())
+    for cut in range(len(stream) + 1):
+        assert read([stream[:cut], stream[cut:]]) == PARSED, f"cut at byte {cut}"
+    assert read(stream[i : i + 1] for i in range(len(stream))) == PARSED
+
+
+def test_a_crlf_split_between_its_two_bytes_ends_one_line() -> None:
+    reader = EventReader()
+    assert reader.feed(b"data: a\r") == []
+    assert reader.feed(b"") == []
+    assert reader.feed(b"\ndata: b\r") == []
+    assert reader.feed(b"\n\r") == [Event(b"", b"a\nb")]
+    assert reader.feed(b"\n") == []
+    assert reader.flush() == []
+
+
+def test_flush_hands_over_an_event_whose_blank_line_never_came() -> None:
+    reader = EventReader()
+    assert reader.feed(b"data: [DONE]") == []
+    assert reader.flush() == [Event(b"", b"[DONE]")]
+    assert reader.flush() == []
+
+
+def test_only_complete_events_come_out_before_the_end() -> None:
+    reader = EventReader()
+    assert reader.feed(b"event: a\ndata: 1\n") == []
+    assert reader.feed(b"\nevent: b\n") == [Event(b"a", b"1")]
