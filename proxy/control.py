@@ -11,6 +11,7 @@ import msgspec
 from vkgate import signing
 from vkgate.clock import Clock
 from vkgate.errors import ErrorCode
+from vkgate.spend import SPEND_COMMANDS_PATH, SpendAck
 from vkgate.wire import (
     INTERNAL_PREFIX,
     REVISION_HEADER,
@@ -82,6 +83,22 @@ class ControlPlaneClient:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
+        response = await self._send(method, path_and_query, body, headers, timeout_s)
+        if response.status_code in _REFUSED_BY_STATUS:
+            raise _refusal(response)
+        if response.status_code >= 400:
+            raise Unreachable(f"control plane answered {response.status_code}")
+        return response
+
+    async def _send(
+        self,
+        method: str,
+        path_and_query: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """One signed call; a network failure is `Unreachable`, any status is the caller's."""
         path = INTERNAL_PREFIX + path_and_query
         signed = signing.signed_headers(
             self._secret, method, path, body, self._clock.now().timestamp()
@@ -98,10 +115,6 @@ class ControlPlaneClient:
             )
         except httpx.HTTPError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code in _REFUSED_BY_STATUS:
-            raise _refusal(response)
-        if response.status_code >= 400:
-            raise Unreachable(f"control plane answered {response.status_code}")
         return response
 
     async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
@@ -134,12 +147,50 @@ class ControlPlaneClient:
     async def health(self) -> HealthResponse:
         return _decode(await self._call("GET", "/health"), HealthResponse)
 
+    async def ship_spend(self, segment: bytes) -> SpendAck:
+        """Hand one spool segment (a `SpendSegment` as JSON) to the ledger.
+
+        `Refused` when the control plane will never take this segment (400, 413, 422): sending
+        it again cannot help. `Unreachable` for anything else, a refused signature included:
+        the segment is fine and is sent again later.
+        """
+        response = await self._send("POST", SPEND_COMMANDS_PATH, segment)
+        status = response.status_code
+        if status in _SEGMENT_REFUSED:
+            raise Refused(_SEGMENT_REFUSED[status], _error_message(response))
+        if status >= 300:
+            raise Unreachable(f"control plane answered {status} to a spend segment")
+        return _decode(response, SpendAck)
+
 
 def _decode(response: httpx.Response, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(response.content, type=kind)
     except msgspec.DecodeError as exc:
         raise Unreachable(f"control plane sent an unreadable answer: {exc}") from None
+
+
+_SEGMENT_REFUSED = {
+    400: ErrorCode.INVALID_REQUEST,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+    422: ErrorCode.VALIDATION_ERROR,
+}
+
+
+class _Message(msgspec.Struct):
+    message: str
+
+
+class _Error(msgspec.Struct):
+    error: _Message
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The error's message, from any error body that has one."""
+    try:
+        return msgspec.json.decode(response.content, type=_Error).error.message
+    except msgspec.DecodeError:
+        return f"HTTP {response.status_code}"
 
 
 def _refusal(response: httpx.Response) -> Refused:

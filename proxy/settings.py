@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from proxy.spend.spool import REPLICA_ID, FullPolicy
 from vkgate import env as E
 
 DEFAULT_ADDR = "127.0.0.1:5563"
 DEFAULT_CONTROLPLANE_URL = "http://127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVERS = ("uvicorn", "granian")
+DEFAULT_SPOOL_MAX_BYTES = 1024**3
+MIN_SPOOL_MAX_BYTES = 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +35,21 @@ class ProxySettings:
     controlplane_timeout_s: float = 5.0
     changes_timeout_s: float = 20.0
     """How long one change-feed long-poll waits (the control plane caps it at 25 s)."""
+    circuit_threshold: int = 10
+    circuit_window_s: float = 30.0
+    circuit_cooldown_s: float = 60.0
     server: str = "uvicorn"
     workers: int = 1
     log_level: str = "INFO"
+    spool_dir: Path = Path(".vkgate/spool")
+    """`VKGATE_SPOOL_DIR`; by default `$VKGATE_HOME/spool`."""
+    spend_flush_interval_s: float = 1.0
+    spend_spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    spend_spool_full_policy: FullPolicy = FullPolicy.REFUSE
+    shutdown_grace_s: float = 10.0
+    """How long shutdown may spend shipping the spool's last segments (after requests drain)."""
+    replica_id: str | None = None
+    """None: the id generated once and kept in the spool directory."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
@@ -60,9 +76,23 @@ class ProxySettings:
             auth_cache_soft_bump_s=_seconds(env, "VKGATE_AUTH_CACHE_SOFT_BUMP_SECONDS", 300.0),
             auth_cache_hard_grace_s=E.number(env, "VKGATE_AUTH_CACHE_HARD_GRACE_SECONDS", 21_600.0),
             auth_cache_config_ttl_s=_seconds(env, "VKGATE_AUTH_CACHE_CONFIG_TTL_SECONDS", 60.0),
+            circuit_threshold=E.integer(env, "VKGATE_CIRCUIT_THRESHOLD", 10, minimum=1),
+            circuit_window_s=_seconds(env, "VKGATE_CIRCUIT_WINDOW_S", 30.0),
+            circuit_cooldown_s=_seconds(env, "VKGATE_CIRCUIT_COOLDOWN_S", 60.0),
             server=server,
             workers=E.integer(env, "VKGATE_PROXY_WORKERS", 1, minimum=1),
             log_level=E.log_level(env),
+            spool_dir=Path(E.string(env, "VKGATE_SPOOL_DIR") or E.home(env) / "spool"),
+            spend_flush_interval_s=_seconds(env, "VKGATE_SPEND_FLUSH_INTERVAL_SECONDS", 1.0),
+            spend_spool_max_bytes=E.integer(
+                env,
+                "VKGATE_SPEND_SPOOL_MAX_BYTES",
+                DEFAULT_SPOOL_MAX_BYTES,
+                minimum=MIN_SPOOL_MAX_BYTES,
+            ),
+            spend_spool_full_policy=_full_policy(env),
+            shutdown_grace_s=E.number(env, "VKGATE_SHUTDOWN_GRACE_SECONDS", 10.0),
+            replica_id=_replica_id(env),
         )
 
 
@@ -70,4 +100,24 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     value = E.number(env, name, default)
     if value <= 0:
         raise E.SettingError(f"{name} must be more than 0, got {value}")
+    return value
+
+
+def _full_policy(env: Mapping[str, str]) -> FullPolicy:
+    raw = (E.string(env, "VKGATE_SPEND_SPOOL_FULL_POLICY") or FullPolicy.REFUSE).lower()
+    try:
+        return FullPolicy(raw)
+    except ValueError:
+        raise E.SettingError(
+            f"VKGATE_SPEND_SPOOL_FULL_POLICY must be refuse or drop_oldest, got {raw!r}"
+        ) from None
+
+
+def _replica_id(env: Mapping[str, str]) -> str | None:
+    value = E.string(env, "VKGATE_REPLICA_ID")
+    if value is not None and not REPLICA_ID.fullmatch(value):
+        raise E.SettingError(
+            "VKGATE_REPLICA_ID must be 1-64 characters of A-Z a-z 0-9 . _ - starting with a "
+            f"letter or digit, got {value!r}"
+        )
     return value
