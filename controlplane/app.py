@@ -24,6 +24,7 @@ from controlplane.feed.listener import PostgresFeedListener
 from controlplane.feed.service import FeedNotifier
 from controlplane.internal.routes import internal_router
 from controlplane.keys.routes import VirtualKeyController
+from controlplane.ledger.store import Ledger
 from controlplane.metrics import Metrics
 from controlplane.orgs.routes import OrganizationController, ProjectController, TeamController
 from controlplane.policies.routes import RoutingPolicyController
@@ -31,6 +32,8 @@ from controlplane.providers.routes import ProviderController
 from controlplane.schemas import DEPENDENCIES, Vk
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
+from controlplane.spend.pricing import Pricer
+from controlplane.spend.routes import SpendController
 from controlplane.state import AppState
 from controlplane.tokens.routes import AdminTokenController, audit_log
 from vkgate.clock import Clock, SystemClock
@@ -47,6 +50,7 @@ ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     VirtualKeyController,
     BudgetController,
     AdminTokenController,
+    SpendController,
     audit_log,
 ]
 
@@ -84,8 +88,11 @@ def create_app(
     *,
     clock: Clock | None = None,
     database: Database | None = None,
+    ledger: Ledger | None = None,
 ) -> Litestar:
+    """The app; a `database` or `ledger` given is the caller's to close, the others its own."""
     db = database or Database(create_engine(settings.database_url))
+    spend_ledger = ledger or Ledger(settings.ledger)
     notifier = FeedNotifier()
     state = AppState(
         settings=settings,
@@ -95,6 +102,8 @@ def create_app(
         hasher=Hasher(settings.key_pepper),
         notifier=notifier,
         metrics=Metrics(waiting_polls=lambda: notifier.waiting),
+        ledger=spend_ledger,
+        pricer=Pricer(),
     )
 
     listener = (
@@ -112,6 +121,8 @@ def create_app(
             await listener.stop()
         if database is None:
             await db.close()
+        if ledger is None:
+            await spend_ledger.close()
 
     admin = Router(path="/", route_handlers=ADMIN_CONTROLLERS, guards=[require_admin_token])
     return Litestar(

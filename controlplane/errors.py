@@ -12,7 +12,9 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from sqlalchemy.exc import IntegrityError
 
+from controlplane.ledger.client import LedgerError
 from vkgate.errors import ERRORS, ErrorCode
+from vkgate.spend import SPEND_COMMANDS_PATH
 from vkgate.wire import ErrorBody, ErrorDetail
 
 log = logging.getLogger("vkgate.controlplane")
@@ -68,11 +70,22 @@ def _on_api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
 
 
 _BACKTICKED = re.compile(r"`([^`]+)`")
+_MISSING_PARAMETER = re.compile(r"Missing required (query|header|cookie) parameter '([^']+)'")
 
 
 def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
     """Litestar's body and query validation, re-told with the offending field as `param`."""
     extra = exc.extra if isinstance(exc.extra, list) else []
+    missing = _MISSING_PARAMETER.match(exc.detail)
+    if not extra and missing:
+        where, name = missing.groups()
+        return render(
+            ApiError(
+                ErrorCode.VALIDATION_ERROR,
+                f"the {where} parameter {name!r} is required",
+                param=name,
+            )
+        )
     if not extra:
         return render(ApiError(ErrorCode.INVALID_REQUEST, f"malformed JSON body: {exc.detail}"))
     first = extra[0] if isinstance(extra[0], dict) else {}
@@ -99,7 +112,7 @@ _STATUS_CODES = {
 }
 
 
-def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     code = _STATUS_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
     if exc.status_code >= 500:
         code = ErrorCode.INTERNAL_ERROR
@@ -108,6 +121,8 @@ def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
         message = f"malformed request: {exc.detail}"
     if code is ErrorCode.PAYLOAD_TOO_LARGE:
         message = "request body is larger than VKGATE_CONTROLPLANE_MAX_BODY_BYTES"
+        if request.url.path.endswith(SPEND_COMMANDS_PATH):
+            message = "spend segment is larger than the control plane takes (128 MiB)"
     return render(ApiError(code, message))
 
 
@@ -115,6 +130,12 @@ def _on_integrity(_: Request[Any, Any, Any], exc: IntegrityError) -> Response[by
     # Services check uniqueness first; this is the race where two writers pass that check.
     log.info("integrity conflict: %s", type(exc.orig).__name__)
     return render(conflict("the change conflicts with an existing resource"))
+
+
+def _on_ledger(_: Request[Any, Any, Any], exc: LedgerError) -> Response[bytes]:
+    # A ledger outage is not a bug of this request: said plainly, without a stack trace.
+    log.error("spend ledger: %s", exc)
+    return render(ApiError(ErrorCode.INTERNAL_ERROR, f"the spend ledger is unavailable: {exc}"))
 
 
 def _on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
@@ -133,5 +154,6 @@ EXCEPTION_HANDLERS: dict[type[Exception] | int, Any] = {
     ValidationException: _on_validation,
     HTTPException: _on_http,
     IntegrityError: _on_integrity,
+    LedgerError: _on_ledger,
     Exception: _on_unexpected,
 }

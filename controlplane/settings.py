@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from vkgate import env as E
 
 DEFAULT_ADDR = "127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_LEDGER_DATABASE = "vkgate"
+_DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerLocation:
+    """Where the spend ledger lives: a ClickHouse server over HTTP(S), or embedded chDB."""
+
+    kind: Literal["chdb", "http"]
+    database: str = DEFAULT_LEDGER_DATABASE
+    path: Path | None = None
+    """chDB's data directory (one per process: chDB is an embedded engine)."""
+    host: str | None = None
+    port: int | None = None
+    secure: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def display(self) -> str:
+        """The URL without its password, for messages and logs."""
+        if self.kind == "chdb":
+            return f"chdb://{self.path}"
+        user = f"{self.username}@" if self.username else ""
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{user}{self.host}:{self.port}/{self.database}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +57,7 @@ class ControlPlaneSettings:
     feed_poll_interval_s: float = 2.0
     """How often a waiting long-poll re-reads the feed, for writes made by another replica."""
     log_level: str = "INFO"
+    ledger: LedgerLocation = LedgerLocation(kind="chdb", path=Path(".vkgate") / "ledger")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ControlPlaneSettings:
@@ -56,6 +86,7 @@ class ControlPlaneSettings:
                 env, "VKGATE_FEED_POLL_INTERVAL_SECONDS", 2.0, minimum=0.05
             ),
             log_level=E.log_level(env),
+            ledger=ledger_location(env, home),
         )
 
 
@@ -68,3 +99,47 @@ def database_url(env: Mapping[str, str], home: Path) -> str:
             "VKGATE_DATABASE_URL must be a postgresql+psycopg:// or sqlite:/// URL"
         )
     return url
+
+
+LEDGER_URL_FORMS = "http(s)://[user[:password]@]host[:port]/database or chdb:///path/to/directory"
+
+
+def ledger_location(env: Mapping[str, str], home: Path) -> LedgerLocation:
+    """VKGATE_LEDGER_URL, by default embedded chDB in VKGATE_HOME/ledger."""
+    url = E.string(env, "VKGATE_LEDGER_URL")
+    if url is None:
+        return LedgerLocation(kind="chdb", path=home / "ledger")
+    if url.startswith("chdb://"):
+        # Like a path: chdb:///var/lib/vkgate/ledger is absolute, chdb://ledger is relative.
+        path = url.removeprefix("chdb://")
+        if not path or path.startswith(":memory:") or "?" in path:
+            raise E.SettingError(
+                f"VKGATE_LEDGER_URL: chdb:// needs the ledger's directory, as in {LEDGER_URL_FORMS}"
+            )
+        return LedgerLocation(kind="chdb", path=Path(path))
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise E.SettingError(
+            f"VKGATE_LEDGER_URL is malformed ({exc}); use {LEDGER_URL_FORMS}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise E.SettingError(f"VKGATE_LEDGER_URL must be {LEDGER_URL_FORMS}")
+    if parts.query or parts.fragment:
+        raise E.SettingError("VKGATE_LEDGER_URL takes no query string or fragment")
+    database = parts.path.strip("/") or DEFAULT_LEDGER_DATABASE
+    if not _DATABASE_NAME.match(database):
+        raise E.SettingError(
+            f"VKGATE_LEDGER_URL: the database name must be letters, digits and _, got {database!r}"
+        )
+    secure = parts.scheme == "https"
+    return LedgerLocation(
+        kind="http",
+        database=database,
+        host=parts.hostname,
+        port=port or (8443 if secure else 8123),
+        secure=secure,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )

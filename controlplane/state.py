@@ -15,10 +15,12 @@ from controlplane.db import Database
 from controlplane.errors import not_found
 from controlplane.feed import service as feed
 from controlplane.feed.service import FeedNotifier
+from controlplane.ledger.store import Ledger
 from controlplane.metrics import Metrics
 from controlplane.models import Base
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
+from controlplane.spend.pricing import Pricer
 from vkgate.clock import Clock
 from vkgate.wire import EventKind
 
@@ -88,6 +90,8 @@ class AppState:
     hasher: Hasher
     notifier: FeedNotifier
     metrics: Metrics
+    ledger: Ledger
+    pricer: Pricer
 
     @asynccontextmanager
     async def write(self, actor: str) -> AsyncIterator[Tx]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -16,11 +17,12 @@ from litestar import Litestar
 from controlplane.app import create_app
 from controlplane.db import Database, create_engine
 from controlplane.migrate import upgrade
-from controlplane.settings import ControlPlaneSettings
+from controlplane.settings import ControlPlaneSettings, LedgerLocation
 from tests.support import databases
 from tests.support.api import create
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET, secrets_env
+from tests.support.ledger import embedded_ledger
 from vkgate import signing
 
 
@@ -56,9 +58,18 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+@pytest.fixture(scope="session")
+def ledger_location(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerLocation]:
+    """The session's one embedded spend ledger (chDB allows one per process), migrated."""
+    with embedded_ledger(tmp_path_factory.mktemp("ledger") / "chdb") as location:
+        yield location
+
+
 @pytest.fixture
-def settings(database_url: str) -> ControlPlaneSettings:
-    return ControlPlaneSettings.from_env(secrets_env(database_url))
+def settings(database_url: str, ledger_location: LedgerLocation) -> ControlPlaneSettings:
+    return dataclasses.replace(
+        ControlPlaneSettings.from_env(secrets_env(database_url)), ledger=ledger_location
+    )
 
 
 @pytest.fixture

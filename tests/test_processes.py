@@ -156,6 +156,8 @@ def test_controlplane_refuses_an_unmigrated_database_until_vkgate_migrate(
     env = clean_env(
         **secrets_env(f"sqlite:///{directory / 'controlplane.db'}"),
         VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
+        # Where the embedded ledger lives, whichever directory each command runs in.
+        VKGATE_HOME=str(tmp_path),
     )
     refused = vkgate("controlplane", env=env, cwd=tmp_path)
     assert refused.returncode == 1, refused.stdout + refused.stderr

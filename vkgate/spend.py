@@ -16,6 +16,7 @@ from enum import StrEnum
 import msgspec
 
 SPEND_COMMANDS_PATH = "/spend-commands"
+BUDGET_BUCKET_SPEND_PATH = "/budget-bucket-spend"
 
 
 class RecordKind(StrEnum):
@@ -58,6 +59,9 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     """The alias the client asked for."""
     served_model: str | None = None
     """The model the provider says it served."""
+    upstream_model: str | None = None
+    """The model asked of the provider: the chain target's `model`, which provider price
+    overrides are keyed by (`served_model` may be a dated snapshot of it)."""
     provider_id: str | None = None
     provider_kind: str | None = None
     status: int = 0
@@ -93,3 +97,16 @@ class SpendAck(msgspec.Struct, kw_only=True):
     """Records written to the ledger by this call."""
     duplicates: int
     """Records already in the ledger (the segment, or part of it, was shipped before)."""
+
+
+class BudgetBucketSpend(msgspec.Struct, kw_only=True):
+    """`GET budget-bucket-spend?budget_id=&end_user=`: one end user's bucket of a per-end-user
+    budget (an `end_user` budget without a scope id), in the budget's current window."""
+
+    budget_id: str
+    end_user: str
+    spent_usd: str
+    """Decimal USD, from the ledger."""
+    window_start: str | None = None
+    """RFC 3339; none for a `total` budget."""
+    window_end: str | None = None

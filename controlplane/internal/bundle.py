@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import msgspec
 from sqlalchemy import and_, or_, select
@@ -12,6 +12,7 @@ from controlplane.keys.service import KeyStatus
 from controlplane.models import Budget, Project, Provider, RoutingTarget, VirtualKey
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
+from controlplane.spend.budgets import window_bounds
 from controlplane.state import Tx
 from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
@@ -33,26 +34,12 @@ def refuse_if_unusable(key: VirtualKey, now: datetime) -> None:
         raise ApiError(ErrorCode.VIRTUAL_KEY_EXPIRED, "virtual key has expired")
 
 
-def window_bounds(window: str, now: datetime) -> tuple[datetime | None, datetime | None]:
-    """The current calendar window (UTC) of a budget; `total` has none."""
-    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    if window == "day":
-        return day, day + timedelta(days=1)
-    if window == "week":
-        start = day - timedelta(days=day.weekday())
-        return start, start + timedelta(days=7)
-    if window == "month":
-        start = day.replace(day=1)
-        following = (start + timedelta(days=32)).replace(day=1)
-        return start, following
-    return None, None
-
-
-async def build(tx: Tx, cipher: Cipher, vk_id: str) -> ConfigBundle:
+async def build(tx: Tx, cipher: Cipher, vk_id: str, now: datetime) -> ConfigBundle:
+    """The bundle as of `now`, its budgets' windows included but not their spend (that comes
+    from the ledger: spend/service.with_spend)."""
     key = await tx.session.get(VirtualKey, vk_id)
     if key is None:
         raise ApiError(ErrorCode.NOT_FOUND, f"virtual key {vk_id!r} not found")
-    now = tx.clock.now()
     refuse_if_unusable(key, now)
     project = await tx.get(Project, key.project_id, "project")
     return ConfigBundle(

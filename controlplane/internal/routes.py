@@ -18,6 +18,8 @@ from controlplane.internal import bundle
 from controlplane.internal.resolve import resolve
 from controlplane.internal.signature import require_signature
 from controlplane.schemas import Vk
+from controlplane.spend import service as spend
+from controlplane.spend.routes import budget_bucket_spend, spend_commands
 from vkgate.clock import rfc3339
 from vkgate.wire import (
     CHANGES_DEFAULT_TIMEOUT_S,
@@ -44,8 +46,12 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
 
 @get("/config/{vk_id:str}")
 async def config(vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
+    now = vk.clock.now()
     async with vk.read() as tx:
-        body = msgspec.json.encode(await bundle.build(tx, vk.cipher, vk_id))
+        built = await bundle.build(tx, vk.cipher, vk_id, now)
+    # Read after the transaction: no database connection is held while the ledger answers.
+    # The body, and so the ETag, changes only when the bundle or a budget's spend does.
+    body = msgspec.json.encode(await spend.with_spend(vk.ledger, built, now))
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
     digest = hmac.new(vk.settings.internal_secret.encode(), body, hashlib.sha256).hexdigest()
     etag = f'"{digest[:32]}"'
@@ -132,7 +138,14 @@ async def health(vk: Vk) -> HealthResponse:
 
 internal_router = Router(
     path=INTERNAL_PREFIX,
-    route_handlers=[resolve_key, config, changes, health],
+    route_handlers=[
+        resolve_key,
+        config,
+        changes,
+        health,
+        spend_commands,
+        budget_bucket_spend,
+    ],
     guards=[require_signature],
     include_in_schema=False,
 )

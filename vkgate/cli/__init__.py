@@ -12,6 +12,7 @@ from vkgate.cli.keys import keys
 from vkgate.cli.orgs import orgs, projects, teams
 from vkgate.cli.providers import policies, providers
 from vkgate.cli.serve import controlplane, migrate, proxy, up
+from vkgate.cli.spend import spend
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,5 +31,5 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 for command in (up, controlplane, proxy, migrate, orgs, teams, projects, providers, policies, keys):
     main.add_command(command)
-for command in (budgets, tokens, audit):
+for command in (budgets, tokens, audit, spend):
     main.add_command(command)

@@ -80,6 +80,17 @@ def database_errors() -> Iterator[None]:
         ) from None
 
 
+@contextmanager
+def ledger_errors() -> Iterator[None]:
+    """A ledger that cannot be opened or migrated is a message, not a traceback."""
+    from controlplane.ledger.client import LedgerError
+
+    try:
+        yield
+    except LedgerError as exc:
+        raise click.ClickException(f"spend ledger (VKGATE_LEDGER_URL): {exc}") from None
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
@@ -161,6 +172,7 @@ def up(demo: bool) -> None:
     """Start vkgate (control plane and proxy) on this machine with its embedded stores."""
     import asyncio
 
+    from controlplane.ledger.migrate import upgrade as upgrade_ledger
     from controlplane.migrate import upgrade
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
@@ -173,8 +185,9 @@ def up(demo: bool) -> None:
     merged.setdefault("VKGATE_CONTROLPLANE_URL", f"http://{settings.host}:{settings.port}")
     proxy_settings = load_settings(ProxySettings.from_env, merged)
     configure_logging(settings.log_level)
-    with database_errors():
+    with database_errors(), ledger_errors():
         upgrade(settings.database_url)
+        upgrade_ledger(settings.ledger)
         seeded = asyncio.run(_seed(settings, home)) if demo else None
     proxy = subprocess.Popen([sys.executable, "-m", "vkgate", "proxy"], env=merged)
     try:
@@ -263,33 +276,46 @@ def proxy() -> None:
 @click.option("--migrate", is_flag=True, help="Apply pending migrations before serving.")
 def controlplane(migrate: bool) -> None:
     """Serve the control plane (settings from VKGATE_* variables only)."""
+    from controlplane.ledger import migrate as ledger
     from controlplane.migrate import is_current, upgrade
     from controlplane.settings import ControlPlaneSettings
 
     settings = load_settings(ControlPlaneSettings.from_env, E.environment())
     configure_logging(settings.log_level)
-    with database_errors():
+    with database_errors(), ledger_errors():
         if migrate:
             upgrade(settings.database_url)
+            ledger.upgrade(settings.ledger)
         elif not is_current(settings.database_url):
             raise click.ClickException(
                 "the database is not at the newest schema; run `vkgate migrate` (or pass --migrate)"
+            )
+        elif not ledger.is_current(settings.ledger):
+            raise click.ClickException(
+                "the spend ledger (VKGATE_LEDGER_URL) is not at the newest schema; run "
+                "`vkgate migrate` (or pass --migrate)"
             )
     serve_controlplane(settings)
 
 
 @click.command("migrate")
 def migrate() -> None:
-    """Apply the control plane's database migrations (VKGATE_DATABASE_URL)."""
+    """Apply the control plane's migrations: its database (VKGATE_DATABASE_URL) and its spend
+    ledger (VKGATE_LEDGER_URL)."""
+    from controlplane.ledger.migrate import upgrade as upgrade_ledger
     from controlplane.migrate import upgrade
-    from controlplane.settings import database_url
+    from controlplane.settings import database_url, ledger_location
 
     env = E.environment()
     try:
         E.check_unknown(env)
         url = database_url(env, E.home(env))
+        ledger = ledger_location(env, E.home(env))
     except E.SettingError as exc:
         raise click.ClickException(f"configuration: {exc}") from None
-    with database_errors():
+    with database_errors(), ledger_errors():
         upgrade(url)
+        applied = upgrade_ledger(ledger)
     click.echo("migrations applied")
+    if applied:
+        click.echo(f"ledger at {ledger.display}: applied {', '.join(applied)}")

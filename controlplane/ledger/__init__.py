@@ -1,0 +1,1 @@
+"""The spend ledger: priced spend records in ClickHouse (or embedded chDB), and its migrations."""

@@ -1,0 +1,78 @@
+"""Opening a clickhouse-connect client on the ledger, and the one place its errors are mapped.
+
+chDB is an embedded engine with process-wide state: every client of a process shares the one
+engine, which can be open on one directory at a time. Its clients are therefore serialised by a
+single process-wide lock, and opening a second directory is refused with a message naming
+VKGATE_LEDGER_URL instead of chDB's own.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from controlplane.settings import LedgerLocation
+
+CHDB_LOCK = threading.Lock()
+"""Held around every call into embedded chDB, by every ledger of the process."""
+
+
+class LedgerError(Exception):
+    """The ledger could not be reached or refused a statement; the message says which."""
+
+
+def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
+    """A client whose default database is the ledger's (created first when asked to)."""
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import Error
+
+    try:
+        if location.kind == "chdb":
+            client = clickhouse_connect.get_client(
+                interface="chdb", path=str(location.path), tz_mode="aware"
+            )
+        else:
+            client = clickhouse_connect.get_client(
+                interface="https" if location.secure else "http",
+                host=location.host,
+                port=location.port,
+                username=location.username or "default",
+                password=location.password or "",
+                tz_mode="aware",
+                # The insert of a segment is one statement; one block keeps it all-or-nothing.
+                settings={"max_insert_block_size": 2_000_000},
+            )
+    except Error as exc:
+        raise LedgerError(_opening_message(location, exc)) from None
+    try:
+        if create_database:
+            client.command(f"CREATE DATABASE IF NOT EXISTS {location.database}")
+        exists = str(client.command(f"EXISTS DATABASE {location.database}")) == "1"
+    except Error as exc:
+        client.close()
+        raise LedgerError(
+            f"the ledger at {location.display} cannot be used: {_first_line(exc)}"
+        ) from None
+    if not exists:
+        client.close()
+        raise LedgerError(
+            f"the ledger at {location.display} has no database {location.database!r}; "
+            "create it with `vkgate migrate`"
+        )
+    client.database = location.database
+    return client
+
+
+def _opening_message(location: LedgerLocation, exc: Exception) -> str:
+    text = _first_line(exc)
+    if location.kind == "chdb" and "already initialized with path" in text:
+        return (
+            f"cannot open the ledger at {location.display}: chDB is embedded, one ledger "
+            f"directory per process, and this process already has another open ({text})"
+        )
+    return f"cannot open the ledger named by VKGATE_LEDGER_URL ({location.display}): {text}"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,172 @@
+"""The ledger's SQL: every read and the id lookup, with server-side bound parameters.
+
+Only constants of this module (tables, columns, expressions) are ever put into the text; every
+value is a bound `{name:Type}` parameter, hence the `noqa: S608`s.
+
+Every read of `ledger_rows` and `ledger_admits` uses FINAL, so a duplicate row that a race let
+in (and that the ReplacingMergeTree has not merged away yet) is never counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controlplane.ledger.rows import LEDGER_COLUMNS, TOKEN_COLUMNS
+
+TIME = "DateTime64(6, 'UTC')"
+
+GROUPS: dict[str, tuple[str, str]] = {
+    # group_by name → (output field, SQL expression)
+    "team": ("team_id", "team_id"),
+    "project": ("project_id", "project_id"),
+    "virtual_key": ("virtual_key_id", "virtual_key_id"),
+    "model": ("model", "model"),
+    "served_model": ("served_model", "served_model"),
+    "provider": ("provider_id", "provider_id"),
+    "end_user": ("end_user", "end_user"),
+    "day": ("day", "toString(toDate(at, 'UTC'))"),
+}
+# Measures are aliased apart from the columns: an alias named like a column (`refused`) would
+# stand for the aggregate inside the other measures too.
+MEASURE_PREFIX = "m_"
+MEASURES: tuple[tuple[str, str], ...] = (
+    ("requests", "countIf(kind = 'confirm')"),
+    ("refused", "countIf(kind = 'fail' AND refused)"),
+    ("failed", "countIf(kind = 'fail' AND NOT refused)"),
+    *((c, f"sum({c})") for c in TOKEN_COLUMNS),
+    ("cost_nano_usd", "sum(cost_nano_usd)"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpendFilter:
+    """Ledger rows of one organization that a budget counts: its window, scope and provider."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    team_id: str | None = None
+    project_id: str | None = None
+    virtual_key_id: str | None = None
+    end_user: str | None = None
+    provider_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    organization_id: str
+    start: datetime | None = None
+    """Inclusive."""
+    end: datetime | None = None
+    """Exclusive."""
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    sql: str
+    parameters: dict[str, Any]
+
+
+def existing_ids(
+    table: str,
+    ids: Sequence[str],
+    lo: datetime,
+    hi: datetime,
+    organizations: Sequence[str] | None = None,
+) -> Query:
+    """Which of `ids` (all timed within [lo, hi], of `organizations`) the table already holds.
+
+    The time range and organizations only narrow the search to the sorting key's prefix.
+    """
+    narrowing = ""
+    parameters: dict[str, Any] = {"lo": lo, "hi": hi, "ids": list(ids)}
+    if organizations is not None:
+        narrowing = "organization_id IN {orgs:Array(String)} AND "
+        parameters["orgs"] = sorted(set(organizations))
+    return Query(
+        f"SELECT DISTINCT id FROM {table} WHERE {narrowing}"  # noqa: S608
+        f"at >= {{lo:{TIME}}} AND at <= {{hi:{TIME}}} AND id IN {{ids:Array(String)}}",
+        parameters,
+    )
+
+
+def spend(organization_id: str, filters: Sequence[SpendFilter]) -> Query:
+    """One sum of cost_nano_usd per filter, in one pass over the organization's rows."""
+    parameters: dict[str, Any] = {"org": organization_id}
+    sums = []
+    for i, wanted in enumerate(filters):
+        conditions = []
+        if wanted.start is not None:
+            parameters[f"s{i}"] = wanted.start
+            conditions.append(f"at >= {{s{i}:{TIME}}}")
+        if wanted.end is not None:
+            parameters[f"e{i}"] = wanted.end
+            conditions.append(f"at < {{e{i}:{TIME}}}")
+        for column in ("team_id", "project_id", "virtual_key_id", "end_user", "provider_id"):
+            value = getattr(wanted, column)
+            if value is not None:
+                parameters[f"{column}{i}"] = value
+                conditions.append(f"{column} = {{{column}{i}:String}}")
+        sums.append(f"sumIf(cost_nano_usd, {' AND '.join(conditions) or '1'})")
+    starts = [f.start for f in filters]
+    where = "organization_id = {org:String}"
+    if starts and all(s is not None for s in starts):
+        parameters["lo"] = min(s for s in starts if s is not None)
+        where += f" AND at >= {{lo:{TIME}}}"
+    sql = f"SELECT {', '.join(sums)} FROM ledger_rows FINAL WHERE {where}"  # noqa: S608
+    return Query(sql, parameters)
+
+
+def _period(period: Period) -> tuple[str, dict[str, Any]]:
+    conditions = ["organization_id = {org:String}"]
+    parameters: dict[str, Any] = {"org": period.organization_id}
+    if period.start is not None:
+        conditions.append(f"at >= {{start:{TIME}}}")
+        parameters["start"] = period.start
+    if period.end is not None:
+        conditions.append(f"at < {{end:{TIME}}}")
+        parameters["end"] = period.end
+    return " AND ".join(conditions), parameters
+
+
+def report(period: Period, group_by: Sequence[str]) -> Query:
+    """Counts, token sums and cost per group; without groups, one row (none if no rows).
+
+    Measures come back prefixed with MEASURE_PREFIX.
+    """
+    where, parameters = _period(period)
+    groups = [f"{GROUPS[g][1]} AS {GROUPS[g][0]}" for g in group_by]
+    measures = [f"{expression} AS {MEASURE_PREFIX}{name}" for name, expression in MEASURES]
+    sql = f"SELECT {', '.join([*groups, *measures])} FROM ledger_rows FINAL WHERE {where}"  # noqa: S608
+    if group_by:
+        fields = ", ".join(GROUPS[g][0] for g in group_by)
+        sql += f" GROUP BY {fields} ORDER BY {fields}"
+    else:
+        sql += " HAVING count() > 0"
+    return Query(sql, parameters)
+
+
+def rows(period: Period, after: tuple[datetime, str] | None, limit: int) -> Query:
+    """Rows in (at, id) order after the cursor's row; `limit` of them."""
+    where, parameters = _period(period)
+    if after is not None:
+        where += f" AND (at > {{after_at:{TIME}}} OR (at = {{after_at:{TIME}}} AND id > {{after_id:String}}))"
+        parameters["after_at"], parameters["after_id"] = after
+    return Query(
+        f"SELECT {', '.join(LEDGER_COLUMNS)} FROM ledger_rows FINAL WHERE {where} "  # noqa: S608
+        f"ORDER BY at, id LIMIT {int(limit)}",
+        parameters,
+    )
+
+
+def unfinished(start: datetime, end: datetime) -> Query:
+    """Admits in [start, end) whose request has no outcome row: a proxy died serving them."""
+    return Query(
+        "SELECT id, replica_id, seq, request_id, at, route FROM ledger_admits FINAL "  # noqa: S608
+        f"WHERE at >= {{start:{TIME}}} AND at < {{end:{TIME}}} AND (replica_id, request_id) "
+        f"NOT IN (SELECT replica_id, request_id FROM ledger_rows WHERE at >= {{start:{TIME}}}) "
+        "ORDER BY at, id",
+        {"start": start, "end": end},
+    )

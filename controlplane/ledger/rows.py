@@ -1,0 +1,145 @@
+"""The ledger's rows: a spend record as it is stored, with its price, in column order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from msgspec.structs import astuple
+
+from vkgate.spend import SpendRecord
+
+# SpendRecord's fields, in the tables' column order (`at` is stored as DateTime64, and the
+# segment that carried the record is kept beside them).
+RECORD_COLUMNS: tuple[str, ...] = (
+    "id",
+    "kind",
+    "replica_id",
+    "seq",
+    "segment_id",
+    "request_id",
+    "at",
+    "route",
+    "organization_id",
+    "team_id",
+    "project_id",
+    "virtual_key_id",
+    "end_user",
+    "model",
+    "upstream_model",
+    "served_model",
+    "provider_id",
+    "provider_kind",
+    "status",
+    "error_code",
+    "refused",
+    "stream",
+    "cancelled",
+    "attempts",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "usage_source",
+    "latency_ms",
+    "ttfb_ms",
+)
+PRICE_COLUMNS: tuple[str, ...] = ("cost_nano_usd", "price_source", "price_version")
+LEDGER_COLUMNS: tuple[str, ...] = (*RECORD_COLUMNS, *PRICE_COLUMNS, "ingested_at")
+ADMIT_COLUMNS: tuple[str, ...] = (
+    "id",
+    "replica_id",
+    "seq",
+    "segment_id",
+    "request_id",
+    "at",
+    "route",
+    "organization_id",
+    "virtual_key_id",
+    "model",
+    "end_user",
+    "ingested_at",
+)
+TOKEN_COLUMNS: tuple[str, ...] = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A record of a segment, checked, with the time it carries parsed."""
+
+    record: SpendRecord
+    at: datetime
+    segment_id: str
+
+    @property
+    def organization_id(self) -> str:
+        """'' for a request refused before its key (and so its organization) was known."""
+        return self.record.organization_id or ""
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    cost_nano_usd: int
+    source: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class PricedEntry:
+    entry: Entry
+    price: Price
+
+
+_FIELDS = {name: i for i, name in enumerate(SpendRecord.__struct_fields__)}
+_SPECIAL = ("at", "segment_id", "organization_id")
+
+
+def _picker(columns: tuple[str, ...]) -> Callable[[Entry], list[Any]]:
+    """A function giving an entry's values in `columns` order (taken from the record's tuple
+    by position: this runs for every row of every segment)."""
+    positions = [-1 if c in _SPECIAL else _FIELDS[c] for c in columns]
+    plan = list(zip(columns, positions, strict=True))
+
+    def pick(entry: Entry) -> list[Any]:
+        values = astuple(entry.record)
+        out: list[Any] = []
+        for column, position in plan:
+            if position >= 0:
+                out.append(values[position])
+            elif column == "at":
+                out.append(entry.at)
+            elif column == "segment_id":
+                out.append(entry.segment_id)
+            else:
+                out.append(entry.organization_id)
+        return out
+
+    return pick
+
+
+_RECORD_VALUES = _picker(RECORD_COLUMNS)
+_ADMIT_VALUES = _picker(ADMIT_COLUMNS[:-1])
+
+
+def ledger_row(priced: PricedEntry, ingested_at: datetime) -> list[Any]:
+    price = priced.price
+    return [
+        *_RECORD_VALUES(priced.entry),
+        price.cost_nano_usd,
+        str(price.source),
+        price.version,
+        ingested_at,
+    ]
+
+
+def admit_row(entry: Entry, ingested_at: datetime) -> list[Any]:
+    return [*_ADMIT_VALUES(entry), ingested_at]

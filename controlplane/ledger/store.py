@@ -1,0 +1,174 @@
+"""`Ledger`: the spend ledger as the control plane's handlers use it, from the event loop.
+
+clickhouse-connect is synchronous, so every call runs on this ledger's one worker thread (never
+on the event loop) and holds a lock while it talks to the store: the process-wide chDB lock
+for embedded chDB (see client.py), a lock of its own for a ClickHouse server. The client is
+opened on first use, so an app that never touches spend never opens the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from controlplane.ledger import queries
+from controlplane.ledger.client import CHDB_LOCK, LedgerError, connect
+from controlplane.ledger.rows import (
+    ADMIT_COLUMNS,
+    LEDGER_COLUMNS,
+    Entry,
+    PricedEntry,
+    admit_row,
+    ledger_row,
+)
+from controlplane.settings import LedgerLocation
+
+T = TypeVar("T")
+LEDGER_TABLE = "ledger_rows"
+ADMIT_TABLE = "ledger_admits"
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What one write added, and what the ledger already held."""
+
+    rows: list[PricedEntry]
+    duplicate_rows: list[PricedEntry]
+    admits: int
+    duplicate_admits: int
+
+
+class Ledger:
+    def __init__(self, location: LedgerLocation) -> None:
+        self.location = location
+        self._client: Any = None
+        self._lock = CHDB_LOCK if location.kind == "chdb" else threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vkgate-ledger")
+        self._closed = False
+
+    async def _run(self, work: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise LedgerError("the ledger is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._locked, work)
+
+    def _locked(self, work: Callable[[Any], T]) -> T:
+        from clickhouse_connect.driver.exceptions import Error
+
+        with self._lock:
+            if self._client is None:
+                self._client = connect(self.location)
+            try:
+                return work(self._client)
+            except Error as exc:
+                raise LedgerError(
+                    f"the ledger at {self.location.display} failed: {_first_line(exc)}"
+                ) from None
+
+    async def close(self) -> None:
+        """Close the client, if it was ever opened, on the thread that used it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._disconnect)
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def _disconnect(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    async def write(
+        self, priced: Sequence[PricedEntry], admits: Sequence[Entry], ingested_at: datetime
+    ) -> Written:
+        """Insert the rows and admits whose ids the ledger does not hold yet."""
+
+        def work(client: Any) -> Written:
+            entries = [p.entry for p in priced]
+            present = _present(client, LEDGER_TABLE, entries, by_organization=True)
+            new = [p for p in priced if p.entry.record.id not in present]
+            if new:
+                client.insert(
+                    LEDGER_TABLE,
+                    [ledger_row(p, ingested_at) for p in new],
+                    column_names=list(LEDGER_COLUMNS),
+                )
+            seen = _present(client, ADMIT_TABLE, admits, by_organization=False)
+            fresh = [a for a in admits if a.record.id not in seen]
+            if fresh:
+                client.insert(
+                    ADMIT_TABLE,
+                    [admit_row(a, ingested_at) for a in fresh],
+                    column_names=list(ADMIT_COLUMNS),
+                )
+            return Written(
+                rows=new,
+                duplicate_rows=[p for p in priced if p.entry.record.id in present],
+                admits=len(fresh),
+                duplicate_admits=len(admits) - len(fresh),
+            )
+
+        return await self._run(work)
+
+    async def spend(
+        self, organization_id: str, filters: Sequence[queries.SpendFilter]
+    ) -> list[int]:
+        """Nano-USD spent under each filter, in order."""
+        if not filters:
+            return []
+        query = queries.spend(organization_id, filters)
+
+        def work(client: Any) -> list[int]:
+            result = client.query(query.sql, parameters=query.parameters)
+            return [int(v or 0) for v in result.result_rows[0]]
+
+        return await self._run(work)
+
+    async def report(self, period: queries.Period, group_by: Sequence[str]) -> list[dict[str, Any]]:
+        named = await self._named(queries.report(period, group_by))
+        prefix = queries.MEASURE_PREFIX
+        return [{k.removeprefix(prefix): v for k, v in row.items()} for row in named]
+
+    async def rows(
+        self, period: queries.Period, after: tuple[datetime, str] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        return await self._named(queries.rows(period, after, limit))
+
+    async def unfinished(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        """Admits in [start, end) with no outcome: requests a proxy never finished."""
+        return await self._named(queries.unfinished(start, end))
+
+    async def _named(self, query: queries.Query) -> list[dict[str, Any]]:
+        def work(client: Any) -> list[dict[str, Any]]:
+            result = client.query(query.sql, parameters=query.parameters)
+            return list(result.named_results())
+
+        return await self._run(work)
+
+
+def _present(
+    client: Any, table: str, entries: Sequence[Entry], *, by_organization: bool
+) -> set[str]:
+    if not entries:
+        return set()
+    query = queries.existing_ids(
+        table,
+        [e.record.id for e in entries],
+        min(e.at for e in entries),
+        max(e.at for e in entries),
+        [e.organization_id for e in entries] if by_organization else None,
+    )
+    return {str(row[0]) for row in client.query(query.sql, parameters=query.parameters).result_rows}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

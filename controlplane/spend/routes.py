@@ -1,0 +1,121 @@
+"""Spend routes: the finance reads (`/api/spend/…`) and the internal ones the proxies call."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromQuery, QueryParameter
+from litestar.status_codes import HTTP_200_OK
+
+from controlplane.models import Organization
+from controlplane.schemas import Vk
+from controlplane.spend import reports, segments, service
+from vkgate.spend import BUDGET_BUCKET_SPEND_PATH, SPEND_COMMANDS_PATH, BudgetBucketSpend, SpendAck
+
+SPEND_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
+"""A segment holds a flush interval of a replica's records (~600 bytes each): far more than
+an admin body, so this route has its own limit instead of VKGATE_CONTROLPLANE_MAX_BODY_BYTES."""
+JSON = "application/json"
+CSV = "text/csv; charset=utf-8"
+NEXT_CURSOR_HEADER = "X-Vkgate-Next-Cursor"
+
+From = Annotated[
+    str | None, QueryParameter(name="from", description="Inclusive: RFC 3339 or a date (UTC)")
+]
+To = Annotated[
+    str | None, QueryParameter(name="to", description="Exclusive: RFC 3339 or a date (UTC)")
+]
+
+
+class SpendController(Controller):
+    """Read by the `admin` and `finance` roles; nothing here changes state."""
+
+    path = "/api/spend"
+    tags = ["spend"]
+
+    @get("/report")
+    async def report(
+        self,
+        vk: Vk,
+        organization_id: FromQuery[str],
+        start: From = None,
+        end: To = None,
+        group_by: FromQuery[str | None] = None,
+        format: FromQuery[str | None] = None,
+    ) -> Response[bytes]:
+        """Requests (served), refusals, failures, tokens and cost, grouped by the fields of
+        `group_by` (team, project, virtual_key, model, served_model, provider, end_user, day)."""
+        chosen = reports.parse_format(format)
+        groups = reports.parse_group_by(group_by)
+        period = reports.parse_period(organization_id, start, end)
+        await _check_organization(vk, organization_id)
+        built = await reports.report(vk.ledger, period, groups)
+        if chosen == "csv":
+            return _csv(reports.to_csv(built.fields, built.rows), f"spend-{organization_id}")
+        body = {"rows": built.rows, "totals": built.totals}
+        return Response(msgspec.json.encode(body), media_type=JSON)
+
+    @get("/ledger")
+    async def ledger(
+        self,
+        vk: Vk,
+        organization_id: FromQuery[str],
+        start: From = None,
+        end: To = None,
+        cursor: FromQuery[str | None] = None,
+        limit: FromQuery[int | None] = None,
+        format: FromQuery[str | None] = None,
+    ) -> Response[bytes]:
+        """Raw ledger rows in time order, a page at a time (`next_cursor`; in CSV the
+        X-Vkgate-Next-Cursor header)."""
+        chosen = reports.parse_format(format)
+        period = reports.parse_period(organization_id, start, end)
+        await _check_organization(vk, organization_id)
+        rows, next_cursor = await reports.ledger_page(vk.ledger, period, cursor=cursor, limit=limit)
+        if chosen == "csv":
+            response = _csv(
+                reports.to_csv(reports.LEDGER_FIELDS, rows), f"ledger-{organization_id}"
+            )
+            if next_cursor:
+                response.headers[NEXT_CURSOR_HEADER] = next_cursor
+            return response
+        body = {"data": rows, "next_cursor": next_cursor}
+        return Response(msgspec.json.encode(body), media_type=JSON)
+
+
+async def _check_organization(vk: Vk, organization_id: str) -> None:
+    async with vk.read() as tx:
+        await tx.get(Organization, organization_id, "organization", param="organization_id")
+
+
+def _csv(body: bytes, name: str) -> Response[bytes]:
+    return Response(
+        body,
+        media_type=CSV,
+        headers={"Content-Disposition": f'attachment; filename="{name}.csv"'},
+    )
+
+
+@post(SPEND_COMMANDS_PATH, status_code=HTTP_200_OK, request_max_body_size=SPEND_SEGMENT_MAX_BYTES)
+async def spend_commands(vk: Vk, request: Request[Any, Any, Any]) -> SpendAck:
+    """A spool segment into the ledger; the same segment twice changes nothing."""
+    checked = segments.check(segments.decode(await request.body()))
+    return await service.ingest(
+        checked,
+        db=vk.db,
+        ledger=vk.ledger,
+        pricer=vk.pricer,
+        clock=vk.clock,
+        notifier=vk.notifier,
+    )
+
+
+@get(BUDGET_BUCKET_SPEND_PATH)
+async def budget_bucket_spend(
+    vk: Vk, budget_id: FromQuery[str], end_user: FromQuery[str]
+) -> BudgetBucketSpend:
+    return await service.bucket_spend(
+        db=vk.db, ledger=vk.ledger, clock=vk.clock, budget_id=budget_id, end_user=end_user
+    )

@@ -1,0 +1,130 @@
+"""Decoding and checking a spool segment before anything of it is written.
+
+A segment is taken whole or refused whole: the first problem found is a 400 (not JSON) or a
+422 naming the record and field (`records[3].at`), and nothing of the segment is written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgspec
+
+from controlplane.errors import ApiError, invalid
+from controlplane.ledger.rows import TOKEN_COLUMNS, Entry
+from vkgate.errors import ErrorCode
+from vkgate.spend import RecordKind, SpendRecord, SpendSegment, UsageSource
+
+MAX_TOKENS = 2**53
+MAX_ID_LENGTH = 200
+_KINDS = frozenset(RecordKind)
+_SOURCES = frozenset(UsageSource)
+_AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
+_PATH = re.compile(r"at `\$\.?(.*)`$")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedSegment:
+    segment_id: str
+    outcomes: list[Entry]
+    """Confirm and fail records: one ledger row each."""
+    admits: list[Entry]
+    repeated: int
+    """Records that appeared twice, identical, in this segment: written once."""
+
+
+def decode(body: bytes) -> SpendSegment:
+    try:
+        return msgspec.json.decode(body, type=SpendSegment)
+    except msgspec.ValidationError as exc:
+        match = _PATH.search(str(exc))
+        param = match.group(1) if match else None
+        raise invalid(f"malformed spend segment: {exc}", param=param) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(ErrorCode.INVALID_REQUEST, f"spend segment is not JSON: {exc}") from None
+
+
+def check(segment: SpendSegment) -> CheckedSegment:
+    if not segment.segment_id or len(segment.segment_id) > MAX_ID_LENGTH:
+        raise invalid("segment_id must be 1-200 characters", param="segment_id")
+    if not segment.replica_id or len(segment.replica_id) > MAX_ID_LENGTH:
+        raise invalid("replica_id must be 1-200 characters", param="replica_id")
+    outcomes: list[Entry] = []
+    admits: list[Entry] = []
+    seen: dict[str, SpendRecord] = {}
+    repeated = 0
+    for index, record in enumerate(segment.records):
+        earlier = seen.get(record.id)
+        if earlier is not None:
+            if earlier != record:
+                raise invalid(
+                    f"record id {record.id!r} appears twice in the segment with different contents",
+                    param=f"records[{index}].id",
+                )
+            repeated += 1
+            continue
+        entry = Entry(record, _check_record(segment, index, record), segment.segment_id)
+        seen[record.id] = record
+        (admits if record.kind == RecordKind.ADMIT else outcomes).append(entry)
+    return CheckedSegment(segment.segment_id, outcomes, admits, repeated)
+
+
+def _check_record(segment: SpendSegment, index: int, record: SpendRecord) -> datetime:
+    """The record's time, once every field of it has been checked."""
+
+    def refuse(field: str, message: str) -> ApiError:
+        return invalid(f"records[{index}].{field}: {message}", param=f"records[{index}].{field}")
+
+    if not record.id or len(record.id) > MAX_ID_LENGTH:
+        raise refuse("id", "must be 1-200 characters")
+    if record.kind not in _KINDS:
+        raise refuse("kind", f"must be admit, confirm or fail, got {record.kind!r}")
+    if record.replica_id != segment.replica_id:
+        raise refuse("replica_id", "must be the segment's replica_id")
+    if record.seq < 1:
+        raise refuse("seq", "must be 1 or more")
+    if not record.request_id:
+        raise refuse("request_id", "must not be empty")
+    if not record.route:
+        raise refuse("route", "must not be empty")
+    if record.usage_source not in _SOURCES:
+        raise refuse(
+            "usage_source", f"must be provider, estimated or none, got {record.usage_source!r}"
+        )
+    if not 0 <= record.status <= 999:
+        raise refuse("status", "must be an HTTP status, or 0")
+    if record.attempts < 0:
+        raise refuse("attempts", "must be 0 or more")
+    for column in TOKEN_COLUMNS:
+        if not 0 <= getattr(record, column) < MAX_TOKENS:
+            raise refuse(column, "must be a count of 0 or more")
+    if record.cache_read_tokens + record.cache_write_tokens > record.input_tokens:
+        raise refuse(
+            "cache_read_tokens",
+            "input_tokens counts cache reads and writes, so it cannot be smaller than their sum",
+        )
+    if not (math.isfinite(record.latency_ms) and record.latency_ms >= 0):
+        raise refuse("latency_ms", "must be a finite number of 0 or more")
+    if record.ttfb_ms is not None and not (math.isfinite(record.ttfb_ms) and record.ttfb_ms >= 0):
+        raise refuse("ttfb_ms", "must be a finite number of 0 or more")
+    return _time(record.at, lambda message: refuse("at", message))
+
+
+def _time(text: str, refuse: Callable[[str], ApiError]) -> datetime:
+    if not _AT.match(text):
+        raise refuse("must be RFC 3339 with a time zone, like 2026-03-10T12:00:00.123456Z")
+    # Python keeps microseconds: finer digits are cut, as ClickHouse's DateTime64(6) would.
+    head, dot, tail = text.partition(".")
+    if dot:
+        digits = re.match(r"\d+", tail)
+        assert digits is not None
+        text = f"{head}.{digits.group()[:6].ljust(6, '0')}{tail[digits.end() :]}"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise refuse("is not a valid date and time") from None
+    return moment.astimezone(UTC)

@@ -1,0 +1,175 @@
+"""The spend ledger in tests: one embedded chDB per test session, and spend records to ship.
+
+chDB is an embedded engine with process-wide state: a process can have one ledger directory
+open at a time, so the whole session shares one (tests keep apart by their organizations'
+random ids). A ClickHouse server is used too when VKGATE_TEST_CLICKHOUSE_URL names one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from controlplane.ledger.client import connect
+from controlplane.ledger.migrate import upgrade
+from controlplane.settings import LedgerLocation, ledger_location
+from tests.support.api import ADMIN
+from tests.support.clock import ManualClock
+from tests.support.env import INTERNAL_SECRET
+from vkgate import signing
+from vkgate.clock import rfc3339
+from vkgate.money import usd_to_nanos
+from vkgate.spend import SpendAck, SpendRecord, SpendSegment
+from vkgate.wire import INTERNAL_PREFIX
+
+SPEND_COMMANDS = f"{INTERNAL_PREFIX}/spend-commands"
+CLICKHOUSE_URL_VARIABLE = "VKGATE_TEST_CLICKHOUSE_URL"
+_seq = itertools.count(1)
+
+
+@contextmanager
+def embedded_ledger(directory: Path) -> Iterator[LedgerLocation]:
+    """The session's chDB ledger, migrated, with one client held open throughout so the
+    engine is not shut down and restarted each time a test's app closes its own."""
+    location = LedgerLocation(kind="chdb", path=directory)
+    upgrade(location)
+    keeper = connect(location)
+    try:
+        yield location
+    finally:
+        keeper.close()
+
+
+@contextmanager
+def server_ledger() -> Iterator[LedgerLocation | None]:
+    """A fresh database on the ClickHouse server VKGATE_TEST_CLICKHOUSE_URL names (dropped
+    afterwards), or None when the variable is not set."""
+    url = os.environ.get(CLICKHOUSE_URL_VARIABLE)
+    if not url:
+        yield None
+        return
+    base = ledger_location({"VKGATE_LEDGER_URL": url}, Path("."))
+    name = f"vkgate_test_{secrets.token_hex(6)}"
+    location = LedgerLocation(
+        kind="http",
+        database=name,
+        host=base.host,
+        port=base.port,
+        secure=base.secure,
+        username=base.username,
+        password=base.password,
+    )
+    upgrade(location)
+    try:
+        yield location
+    finally:
+        admin = connect(base, create_database=True)
+        try:
+            admin.command(f"DROP DATABASE IF EXISTS {name}")
+        finally:
+            admin.close()
+
+
+def record(
+    kind: str = "confirm",
+    *,
+    at: datetime,
+    replica_id: str = "replica-a",
+    request_id: str | None = None,
+    **fields: Any,
+) -> SpendRecord:
+    """A record as a proxy writes it; `fields` fill the rest (organization_id, tokens, …)."""
+    values: dict[str, Any] = {"route": "/v1/chat/completions", "usage_source": "provider"}
+    if kind == "confirm":
+        values["status"] = 200
+    values.update(fields)
+    return SpendRecord(
+        id=uuid.uuid4().hex,
+        kind=kind,
+        replica_id=replica_id,
+        seq=next(_seq),
+        request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
+        at=rfc3339(at),
+        **values,
+    )
+
+
+def request(at: datetime, **fields: Any) -> list[SpendRecord]:
+    """An admit and its outcome, a millisecond apart, as one served request leaves them."""
+    admit = record("admit", at=at, route=fields.get("route", "/v1/chat/completions"))
+    outcome = record(
+        fields.pop("kind", "confirm"),
+        at=at + timedelta(milliseconds=1),
+        request_id=admit.request_id,
+        **fields,
+    )
+    return [admit, outcome]
+
+
+def segment(records: list[SpendRecord], segment_id: str | None = None) -> SpendSegment:
+    return SpendSegment(
+        replica_id=records[0].replica_id if records else "replica-a",
+        segment_id=segment_id or f"seg-{uuid.uuid4().hex[:12]}",
+        records=records,
+    )
+
+
+async def ship(
+    client: httpx.AsyncClient, clock: ManualClock, body: SpendSegment | bytes
+) -> httpx.Response:
+    """POST a segment to spend-commands, signed as a proxy signs it."""
+    raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    headers = signing.signed_headers(
+        INTERNAL_SECRET, "POST", SPEND_COMMANDS, raw, clock.now().timestamp()
+    )
+    return await client.post(
+        SPEND_COMMANDS, content=raw, headers={**headers, "content-type": "application/json"}
+    )
+
+
+async def shipped(client: httpx.AsyncClient, clock: ManualClock, body: SpendSegment) -> SpendAck:
+    """Ship a segment that must be acknowledged; its acknowledgement."""
+    response = await ship(client, clock, body)
+    assert response.status_code == 200, response.text
+    return msgspec.json.decode(response.content, type=SpendAck)
+
+
+async def ledger_rows(
+    client: httpx.AsyncClient, org: str, *, headers: dict[str, str] = ADMIN, **params: str
+) -> list[dict[str, Any]]:
+    """Every ledger row of the organization, walked page by page (`limit` as given)."""
+    rows: list[dict[str, Any]] = []
+    query = {"organization_id": org, "limit": "1000", **params}
+    while True:
+        response = await client.get("/api/spend/ledger", params=query, headers=headers)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        rows.extend(body["data"])
+        if body["next_cursor"] is None:
+            return rows
+        query["cursor"] = body["next_cursor"]
+
+
+async def spend_report(
+    client: httpx.AsyncClient, org: str, *, headers: dict[str, str] = ADMIN, **params: str
+) -> dict[str, Any]:
+    response = await client.get(
+        "/api/spend/report", params={"organization_id": org, **params}, headers=headers
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def nanos(usd: str) -> int:
+    return usd_to_nanos(usd)

@@ -1,0 +1,346 @@
+"""The ledger store itself: VKGATE_LEDGER_URL, its migrations, chDB's one directory, pricing."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+from genai_prices import Usage, calc_price
+
+from controlplane.app import create_app
+from controlplane.db import Database
+from controlplane.ledger import migrate
+from controlplane.ledger.client import LedgerError, connect
+from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS
+from controlplane.ledger.store import Ledger
+from controlplane.settings import ControlPlaneSettings, LedgerLocation, ledger_location
+from controlplane.spend.pricing import Pricer, ProviderPricing, to_nanos
+from tests.conftest import serve_in_loop
+from tests.support.api import ADMIN, create, error_of
+from tests.support.clock import ManualClock
+from tests.support.env import secrets_env
+from tests.support.ledger import request, segment, ship
+from tests.support.processes import clean_env, vkgate
+from vkgate import env as E
+from vkgate.spend import SpendRecord
+
+AT = datetime(2026, 3, 10, 12, tzinfo=UTC)
+
+# --- VKGATE_LEDGER_URL --------------------------------------------------------------------------
+
+
+def test_ledger_defaults_to_chdb_under_vkgate_home(tmp_path: Path) -> None:
+    env = {**secrets_env("sqlite:///cp.db"), "VKGATE_HOME": str(tmp_path)}
+    ledger = ControlPlaneSettings.from_env(env).ledger
+    assert (ledger.kind, ledger.path, ledger.database) == ("chdb", tmp_path / "ledger", "vkgate")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("chdb:///var/lib/vkgate/ledger", {"kind": "chdb", "path": Path("/var/lib/vkgate/ledger")}),
+        ("chdb://ledger", {"kind": "chdb", "path": Path("ledger")}),
+        (
+            "http://clickhouse:8123/spend",
+            {"kind": "http", "host": "clickhouse", "port": 8123, "database": "spend"},
+        ),
+        ("http://clickhouse", {"port": 8123, "database": "vkgate", "secure": False}),
+        ("https://ch.example.com/spend", {"port": 8443, "secure": True}),
+        (
+            "https://vk%40gate:p%2Fss@ch.example.com:9440/spend",
+            {"username": "vk@gate", "password": "p/ss", "port": 9440},
+        ),
+    ],
+)  # fmt: skip
+def test_ledger_url_forms_are_parsed(url: str, expected: dict[str, object]) -> None:
+    location = ledger_location({"VKGATE_LEDGER_URL": url}, Path(".vkgate"))
+    for name, value in expected.items():
+        assert getattr(location, name) == value, name
+
+
+def test_ledger_password_is_kept_out_of_messages() -> None:
+    location = ledger_location(
+        {"VKGATE_LEDGER_URL": "https://vk:hunter2-secret@ch:8443/spend"}, Path(".")
+    )
+    assert "hunter2" not in location.display
+    assert "hunter2" not in repr(location)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("clickhouse://ch:9000/spend", "VKGATE_LEDGER_URL must be http(s)://"),
+        ("chdb://", "VKGATE_LEDGER_URL: chdb:// needs the ledger's directory"),
+        ("chdb://:memory:", "VKGATE_LEDGER_URL: chdb:// needs the ledger's directory"),
+        ("http://ch:8123/spend-db", "the database name must be letters, digits and _"),
+        ("http://ch:8123/spend?secure=1", "VKGATE_LEDGER_URL takes no query string"),
+        ("http://ch:99999/spend", "VKGATE_LEDGER_URL is malformed"),
+    ],
+)
+def test_bad_ledger_url_is_refused_naming_the_variable(url: str, message: str) -> None:
+    with pytest.raises(E.SettingError, match=re.escape(message)):
+        ControlPlaneSettings.from_env({**secrets_env("sqlite:///cp.db"), "VKGATE_LEDGER_URL": url})
+
+
+# --- tables and migrations ----------------------------------------------------------------------
+
+
+def test_every_field_of_a_spend_record_is_a_ledger_column() -> None:
+    assert set(SpendRecord.__struct_fields__) <= set(LEDGER_COLUMNS)
+    assert {"cost_nano_usd", "price_source", "price_version", "ingested_at"} <= set(LEDGER_COLUMNS)
+    assert {"id", "replica_id", "seq", "request_id", "at"} <= set(ADMIT_COLUMNS)
+
+
+@pytest.fixture
+def fresh_database(ledger_location: LedgerLocation) -> Iterator[LedgerLocation]:
+    """A database of its own in the session's chDB (a second chDB directory cannot be opened)."""
+    location = dataclasses.replace(ledger_location, database=f"fresh_{secrets.token_hex(4)}")
+    yield location
+    client = connect(ledger_location)
+    try:
+        client.command(f"DROP DATABASE IF EXISTS {location.database}")
+    finally:
+        client.close()
+
+
+def test_migrations_apply_once_in_order_and_then_nothing(fresh_database: LedgerLocation) -> None:
+    assert not migrate.is_current(fresh_database)
+    applied = migrate.upgrade(fresh_database)
+    assert applied == [m.name for m in migrate.available()]
+    assert applied[0] == "0001_ledger.sql"
+    assert migrate.is_current(fresh_database)
+    assert migrate.upgrade(fresh_database) == []
+
+    client = connect(fresh_database)
+    try:
+        tables = {row[0] for row in client.query("SHOW TABLES").result_rows}
+    finally:
+        client.close()
+    assert {"ledger_rows", "ledger_admits", migrate.TABLE} <= tables
+
+
+def test_a_new_migration_file_is_applied_after_the_others(
+    fresh_database: LedgerLocation, tmp_path: Path
+) -> None:
+    for path in migrate.DIRECTORY.glob("*.sql"):
+        shutil.copy(path, tmp_path / path.name)
+    migrate.upgrade(fresh_database, tmp_path)
+    (tmp_path / "9001_extra.sql").write_text(
+        "-- a test table\nCREATE TABLE IF NOT EXISTS extra (x UInt8) ENGINE = MergeTree ORDER BY x;\n"
+    )
+    assert not migrate.is_current(fresh_database, tmp_path)
+    assert migrate.upgrade(fresh_database, tmp_path) == ["9001_extra.sql"]
+    assert migrate.upgrade(fresh_database, tmp_path) == []
+
+
+def test_an_applied_migration_that_changed_is_refused(
+    fresh_database: LedgerLocation, tmp_path: Path
+) -> None:
+    (tmp_path / "0001_t.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS t (x UInt8) ENGINE = MergeTree ORDER BY x;"
+    )
+    migrate.upgrade(fresh_database, tmp_path)
+    (tmp_path / "0001_t.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS t (x UInt16) ENGINE = MergeTree ORDER BY x;"
+    )
+    with pytest.raises(LedgerError, match=re.escape("0001_t.sql changed after it was applied")):
+        migrate.upgrade(fresh_database, tmp_path)
+
+
+def test_a_migration_file_badly_named_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "add-things.sql").write_text("SELECT 1;")
+    with pytest.raises(LedgerError, match=re.escape("NNNN_lowercase_name.sql")):
+        migrate.available(tmp_path)
+
+
+def test_statements_are_split_and_comments_dropped() -> None:
+    text = "-- heading; with a semicolon\nCREATE TABLE a (x UInt8);\n\n  -- more\nSELECT 1;\n"
+    assert migrate.statements_of(text) == ("CREATE TABLE a (x UInt8)", "SELECT 1")
+
+
+def test_a_second_chdb_directory_in_one_process_is_refused_by_name(
+    ledger_location: LedgerLocation, tmp_path: Path
+) -> None:
+    other = LedgerLocation(kind="chdb", path=tmp_path / "other-ledger")
+    with pytest.raises(LedgerError, match="one ledger directory per process"):
+        connect(other)
+
+
+def test_vkgate_migrate_creates_the_ledger_and_a_second_run_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    env = clean_env(VKGATE_HOME=str(tmp_path))
+    first = vkgate("migrate", env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "applied 0001_ledger.sql" in first.stdout
+    assert (tmp_path / "ledger").is_dir()
+    second = vkgate("migrate", env=env, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "migrations applied" in second.stdout
+    assert "0001_ledger.sql" not in second.stdout
+
+
+def test_controlplane_refuses_a_ledger_that_was_never_migrated(tmp_path: Path) -> None:
+    env = clean_env(
+        **secrets_env(f"sqlite:///{tmp_path / 'cp.db'}"),
+        VKGATE_HOME=str(tmp_path),
+        VKGATE_LEDGER_URL=f"chdb://{tmp_path / 'elsewhere'}",
+    )
+    migrated = vkgate("migrate", env={**env, "VKGATE_LEDGER_URL": f"chdb://{tmp_path / 'ledger'}"})
+    assert migrated.returncode == 0, migrated.stderr
+    refused = vkgate("controlplane", env=env, cwd=tmp_path)
+    assert refused.returncode == 1
+    assert "spend ledger (VKGATE_LEDGER_URL) is not at the newest schema" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "elsewhere").exists(), "checking a ledger must not create one"
+
+
+def test_an_unreachable_ledger_server_is_a_message_naming_the_variable(tmp_path: Path) -> None:
+    env = clean_env(VKGATE_HOME=str(tmp_path), VKGATE_LEDGER_URL="http://127.0.0.1:9/spend")
+    result = vkgate("migrate", env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "VKGATE_LEDGER_URL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- pricing ------------------------------------------------------------------------------------
+
+
+def outcome(**fields: object) -> SpendRecord:
+    values: dict[str, object] = {"input_tokens": 1000, "output_tokens": 100}
+    values.update(fields)
+    return SpendRecord(
+        id="r", kind="confirm", replica_id="p", seq=1, request_id="q", at="", route="/", **values
+    )  # type: ignore[arg-type]
+
+
+def exact(usd: Decimal) -> int:
+    return int((usd * 10**9).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+@pytest.mark.parametrize(
+    ("usd", "nanos"),
+    [
+        (Decimal("0.0000000005"), 1),  # half a nano-dollar rounds up
+        (Decimal("0.0000000004999"), 0),
+        (Decimal("0.0000000015"), 2),
+        (Decimal("0.0000000025"), 3),  # not to even: halves always go up
+        (Decimal("12.3456789014"), 12_345_678_901),
+        (Decimal(0), 0),
+    ],
+)
+def test_a_price_rounds_once_to_the_nearest_nano_dollar_halves_up(usd: Decimal, nanos: int) -> None:
+    assert to_nanos(usd) == nanos
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "genai_provider", "at"),
+    [
+        ("openai", "gpt-4o-mini-2024-07-18", "openai", AT),
+        ("openai", "o3", "openai", AT),
+        ("azure_openai", "gpt-4o", "azure", AT),
+        ("anthropic", "claude-3-5-sonnet-20241022", "anthropic", AT),
+        # Tiered: the whole request's rate changes past 200k input tokens.
+        ("openai_compatible", "gemini-2.5-pro", None, AT),
+        # Off-peak hours are cheaper: the record's own time picks the rate.
+        ("openai_compatible", "deepseek-chat", None, AT.replace(hour=17)),
+        ("openai_compatible", "deepseek-chat", None, AT.replace(hour=3)),
+    ],
+)
+def test_pricer_agrees_with_calc_price_to_the_nano_dollar(
+    kind: str, model: str, genai_provider: str | None, at: datetime
+) -> None:
+    pricer = Pricer()
+    for i, (tokens_in, cached, written, out) in enumerate(
+        [(1_000, 0, 0, 100), (250_000, 20_000, 5_000, 9_999), (7, 3, 1, 1), (123_457, 0, 0, 0)]
+    ):
+        record = outcome(
+            served_model=model,
+            provider_kind=kind,
+            input_tokens=tokens_in,
+            cache_read_tokens=cached,
+            cache_write_tokens=written,
+            output_tokens=out,
+        )
+        when = at + timedelta(seconds=i)
+        want = calc_price(
+            Usage(
+                input_tokens=tokens_in,
+                output_tokens=out,
+                cache_read_tokens=cached,
+                cache_write_tokens=written,
+            ),
+            model_ref=model,
+            provider_id=genai_provider,
+            genai_request_timestamp=when,
+        )
+        price = pricer.price(record, when, None)
+        assert price.cost_nano_usd == exact(want.total_price), (model, tokens_in)
+        assert price.source == "genai-prices"
+
+
+def test_pricer_prefers_an_override_of_the_upstream_model_then_of_the_served_one() -> None:
+    pricer = Pricer()
+    provider = ProviderPricing(
+        kind="openai",
+        overrides={
+            "gpt-4o-mini": {"input_per_mtok": "1", "output_per_mtok": "2"},
+            "gpt-4o-mini-2024-07-18": {"input_per_mtok": "10", "output_per_mtok": "20"},
+        },
+        version="2026-03-01T00:00:00Z",
+    )
+    by_upstream = outcome(upstream_model="gpt-4o-mini", served_model="gpt-4o-mini-2024-07-18")
+    by_served = outcome(served_model="gpt-4o-mini-2024-07-18")
+    assert (
+        pricer.price(by_upstream, AT, provider).cost_nano_usd == 1_200_000
+    )  # 1000 at $1/M + 100 at $2/M
+    assert pricer.price(by_served, AT, provider).cost_nano_usd == 12_000_000
+    assert pricer.price(by_served, AT, provider).version == "2026-03-01T00:00:00Z"
+
+
+def test_pricer_takes_the_provider_kind_from_its_row_over_the_record() -> None:
+    mock = ProviderPricing(kind="mock", overrides={}, version="")
+    price = Pricer().price(outcome(provider_kind="openai", served_model="gpt-4o"), AT, mock)
+    assert (price.cost_nano_usd, price.source) == (0, "mock")
+
+
+# --- the app and its ledger ---------------------------------------------------------------------
+
+
+async def test_an_app_that_never_touches_spend_never_opens_its_ledger(
+    settings: ControlPlaneSettings, tmp_path: Path
+) -> None:
+    elsewhere = LedgerLocation(kind="chdb", path=tmp_path / "never-opened")
+    app = create_app(dataclasses.replace(settings, ledger=elsewhere))
+    async with serve_in_loop(app, "http://cp.test") as http:
+        assert (await http.get("/healthz")).status_code == 200
+        assert (await http.get("/api/admin/organizations", headers=ADMIN)).status_code == 200
+    assert not elsewhere.path or not elsewhere.path.exists()
+
+
+async def test_a_ledger_outage_leaves_the_segment_unacknowledged(
+    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
+) -> None:
+    down = LedgerLocation(kind="http", host="127.0.0.1", port=9, database="spend")
+    ledger = Ledger(down)
+    app = create_app(settings, clock=clock, database=clean_database, ledger=ledger)
+    try:
+        async with serve_in_loop(app, "http://cp.test") as http:
+            org = (await create(http, "/api/admin/organizations", {"name": "o"}))["id"]
+            response = await ship(http, clock, segment(request(clock.now(), organization_id=org)))
+            report = await http.get(
+                "/api/spend/report", params={"organization_id": org}, headers=ADMIN
+            )
+    finally:
+        await ledger.close()
+    error = error_of(response, 500, "internal_error")
+    assert "spend ledger is unavailable" in error["message"]
+    assert "127.0.0.1:9" in error["message"]
+    error_of(report, 500, "internal_error")
