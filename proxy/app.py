@@ -25,6 +25,8 @@ from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
 from proxy.providers import registry
 from proxy.settings import ProxySettings
+from proxy.spend.drainer import SpoolDrainer
+from proxy.spend.spool import SpendSpool, SpoolError
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
 
@@ -42,6 +44,8 @@ class Running:
     cache: AuthCache | None = None
     control: ControlPlaneClient | None = None
     poller: ChangeFeedPoller | None = None
+    spool: SpendSpool | None = None
+    drainer: SpoolDrainer | None = None
     started: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -59,6 +63,19 @@ def _session(settings: ProxySettings) -> aiohttp.ClientSession:
     )
 
 
+def _open_spool(settings: ProxySettings, clock: Clock) -> SpendSpool:
+    try:
+        return SpendSpool.open(
+            settings.spool_dir,
+            clock,
+            replica_id=settings.replica_id,
+            max_bytes=settings.spend_spool_max_bytes,
+            policy=settings.spend_spool_full_policy,
+        )
+    except SpoolError as exc:
+        raise SpoolError(f"VKGATE_SPOOL_DIR: {exc}") from exc
+
+
 def create_app(
     settings: ProxySettings,
     *,
@@ -69,40 +86,64 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        async with _session(settings) as session:
-            control = ControlPlaneClient(
-                settings.controlplane_url,
-                settings.internal_secret,
-                running.clock,
-                timeout_s=settings.controlplane_timeout_s,
-                transport=running.control_transport,
-            )
-            cache = AuthCache(
-                control,
-                registry(session, running.clock),
-                running.clock,
-                maxsize=settings.auth_cache_size,
-                soft_bump_s=settings.auth_cache_soft_bump_s,
-                hard_grace_s=settings.auth_cache_hard_grace_s,
-                config_ttl_s=settings.auth_cache_config_ttl_s,
-            )
-            poller = ChangeFeedPoller(control, cache, timeout_s=settings.changes_timeout_s)
-            running.control, running.cache, running.poller = control, cache, poller
-            running.gateway = Gateway(settings, cache)
-            running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
-            running.started = True
-            log.info("proxy pid %d ready; control plane %s", os.getpid(), settings.controlplane_url)
-            try:
-                yield
-            finally:
-                running.started = False
-                for task in running.tasks:
-                    task.cancel()
-                for task in running.tasks:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                await cache.close()
-                await control.close()
+        # First of all: a proxy that cannot record spend must not serve. Recovery reads back
+        # what a previous process left, off the event loop.
+        spool = await asyncio.to_thread(_open_spool, settings, running.clock)
+        running.spool = spool
+        try:
+            async with _session(settings) as session:
+                control = ControlPlaneClient(
+                    settings.controlplane_url,
+                    settings.internal_secret,
+                    running.clock,
+                    timeout_s=settings.controlplane_timeout_s,
+                    transport=running.control_transport,
+                )
+                cache = AuthCache(
+                    control,
+                    registry(session, running.clock),
+                    running.clock,
+                    maxsize=settings.auth_cache_size,
+                    soft_bump_s=settings.auth_cache_soft_bump_s,
+                    hard_grace_s=settings.auth_cache_hard_grace_s,
+                    config_ttl_s=settings.auth_cache_config_ttl_s,
+                )
+                poller = ChangeFeedPoller(control, cache, timeout_s=settings.changes_timeout_s)
+                drainer = SpoolDrainer(
+                    spool,
+                    control.ship_spend,
+                    running.clock,
+                    interval_s=settings.spend_flush_interval_s,
+                )
+                running.control, running.cache, running.poller = control, cache, poller
+                running.drainer = drainer
+                running.gateway = Gateway(settings, cache, spool, clock=running.clock)
+                running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
+                drainer.start()
+                running.started = True
+                log.info(
+                    "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
+                    os.getpid(),
+                    settings.controlplane_url,
+                    spool.directory,
+                    spool.replica_id,
+                )
+                try:
+                    yield
+                finally:
+                    running.started = False
+                    for task in running.tasks:
+                        task.cancel()
+                    for task in running.tasks:
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+                    # The server has drained its requests: seal, and ship what the grace
+                    # allows while the control-plane client is still open.
+                    await drainer.stop(settings.shutdown_grace_s)
+                    await cache.close()
+                    await control.close()
+        finally:
+            spool.close()
 
     @asgi("/v1", is_mount=True, copy_scope=False)
     async def v1(scope: Scope, receive: Receive, send: Send) -> None:
@@ -164,16 +205,21 @@ def startupz(request: Request[Any, Any, Any]) -> Response[dict[str, str]]:
 
 @get("/readyz", sync_to_thread=False)
 def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """Can serve: the control plane answers the change feed, or keys are cached to serve from."""
+    """Can serve: the control plane answers the change feed, or keys are cached to serve from;
+    and spend can be recorded (the spool writes and, under the refuse policy, is not full)."""
     running = _running(request)
     connected = running.poller is not None and running.poller.connected
     cached = len(running.cache) if running.cache is not None else 0
-    ready = running.started and (connected or cached > 0)
+    spool = running.spool
+    writable = spool is not None and spool.writable
+    full = spool is None or spool.full
+    ready = running.started and (connected or cached > 0) and writable and not full
     return Response(
         {
             "status": "ok" if ready else "unavailable",
             "controlplane": connected,
             "cached_keys": cached,
+            "spend_spool": {"writable": writable, "full": full},
         },
         status_code=200 if ready else 503,
     )

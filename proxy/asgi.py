@@ -27,7 +27,15 @@ class ClientGone(Exception):
 class Head:
     """What the pipeline needs from the request's headers, found in one pass."""
 
-    __slots__ = ("content_length", "key", "request_id", "traceparent")
+    __slots__ = (
+        "anthropic_beta",
+        "anthropic_version",
+        "content_length",
+        "end_user",
+        "key",
+        "request_id",
+        "traceparent",
+    )
 
     def __init__(self, scope: Scope) -> None:
         key: bytes | None = None
@@ -35,6 +43,9 @@ class Head:
         request_id: bytes | None = None
         traceparent: bytes | None = None
         length: bytes | None = None
+        end_user: bytes | None = None
+        self.anthropic_beta: bytes | None = None
+        self.anthropic_version: bytes | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 key = value
@@ -46,6 +57,12 @@ class Head:
                 request_id = value
             elif name == b"traceparent":
                 traceparent = value
+            elif name == b"x-vkgate-end-user":
+                end_user = value
+            elif name == b"anthropic-beta":
+                self.anthropic_beta = value
+            elif name == b"anthropic-version":
+                self.anthropic_version = value
         self.key = _bearer(key) if key is not None else None
         if self.key is None and api_key:
             self.key = api_key.decode("latin-1").strip() or None
@@ -58,6 +75,7 @@ class Head:
             traceparent if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None
         )
         self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.end_user = end_user.decode("latin-1").strip() or None if end_user is not None else None
 
 
 def _bearer(value: bytes) -> str | None:
@@ -113,6 +131,10 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def respond_error(send: Send, error: ProxyError, request_id: bytes) -> None:
+async def respond_error(
+    send: Send, error: ProxyError, request_id: bytes, *, anthropic: bool = False
+) -> None:
+    """The error in the route's format: Anthropic's for `/v1/messages`, OpenAI's elsewhere."""
     headers = [(b"content-type", JSON), (b"x-request-id", request_id), *error.headers]
-    await respond(send, error.status, error.openai_body(), headers)
+    body = error.anthropic_body() if anthropic else error.openai_body()
+    await respond(send, error.status, body, headers)

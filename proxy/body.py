@@ -29,15 +29,32 @@ class ChatFields(msgspec.Struct):
     messages: Annotated[list[msgspec.Raw], NonEmpty]
     stream: bool | None = None
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
+    user: str | None = None
+
+
+class MessagesMetadata(msgspec.Struct):
+    user_id: str | None = None
+
+
+class MessagesFields(msgspec.Struct):
+    """What `POST /v1/messages` (Anthropic's format) routing and accounting need."""
+
+    model: Model
+    messages: Annotated[list[msgspec.Raw], NonEmpty]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    stream: bool | None = None
+    metadata: MessagesMetadata | None = None
 
 
 class EmbeddingFields(msgspec.Struct):
     model: Model
     input: msgspec.Raw
+    user: str | None = None
 
 
 _chat = msgspec.json.Decoder(ChatFields)
 _embeddings = msgspec.json.Decoder(EmbeddingFields)
+_messages = msgspec.json.Decoder(MessagesFields)
 _encode = msgspec.json.Encoder().encode
 _PATH = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -65,6 +82,10 @@ def _decoded(decoder: msgspec.json.Decoder[F], body: bytes) -> F:
 
 def chat_fields(body: bytes) -> ChatFields:
     return _decoded(_chat, body)
+
+
+def messages_fields(body: bytes) -> MessagesFields:
+    return _decoded(_messages, body)
 
 
 def embedding_fields(body: bytes) -> EmbeddingFields:

@@ -1,9 +1,11 @@
 """Sending a request along an alias's credential chain and passing the answer back.
 
-An attempt falls through to the next credential on a connect error, a timeout before the
-answer, a 429 or a 5xx; a provider's other 4xx is the answer. Nothing falls through once a
-byte reached the client, and before each further (paid) attempt the caller checks that the key
-may still be used. Streams go out chunk by chunk as the provider sends them, and a client
+The walk falls through to the next credential on a connect error, a timeout before the answer,
+a 429 or a 5xx; a provider's other 4xx is the answer. A credential whose circuit breaker is
+open, or whose provider asked to be left alone (`Retry-After`), is skipped without a call.
+Nothing falls through once a byte reached the client: a stream is committed only when its
+first chunk arrived, and one that breaks later ends with an error event in the client's format.
+Before each further (paid) attempt the caller checks that the key may still be used. A client
 that goes away cancels the provider's request.
 """
 
@@ -11,74 +13,274 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
-from proxy.asgi import Receive, Send, respond
-from proxy.errors import ProxyError
+from proxy.asgi import JSON, Receive, Send, respond
+from proxy.breaker import Breakers, CircuitBreaker
+from proxy.errors import Cause, ProxyError
+from proxy.formats import Exchange, StreamPipe, stream_error
 from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import Reply
-from proxy.sse import UsageChunkFilter
+from proxy.spend.estimate import estimate_tokens
+from proxy.usage import TokenUsage
 from vkgate.errors import ErrorCode
 
-BodyFor = Callable[[Upstream], bytes]
 Recheck = Callable[[], Awaitable[None]]
 """Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
 log = logging.getLogger("vkgate.proxy")
 
+_CALL_FAILURES = (ProviderTimeout, ProviderUnreachable)
 
-async def _first_answer(
-    chain: tuple[Upstream, ...],
-    operation: Operation,
-    body_for: BodyFor,
-    headers: Mapping[str, str],
-    recheck: Recheck,
-) -> tuple[Upstream, Reply]:
-    """The first reply worth giving the client, walking the chain: a 2xx or a provider's 4xx.
 
-    A 429 falls through while another credential is left; the last one's 429 is the answer.
-    When every credential of a longer chain failed, the error keeps each attempt's cause.
-    """
-    causes: list[str] = []
-    failure: ProxyError | None = None
-    last = len(chain) - 1
-    for index, upstream in enumerate(chain):
-        name = upstream.provider_name
-        if index > 0:
-            await recheck()
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one request on its way through the chain: the spend record's facts."""
+
+    causes: list[Cause] = field(default_factory=list)
+    """Every credential passed over, in order, and why."""
+    calls: int = 0
+    """Provider calls made (each one may be paid for)."""
+    upstream: Upstream | None = None
+    """The credential whose answer the client got."""
+    status: int = 0
+    usage: TokenUsage | None = None
+    served_model: str | None = None
+    first_byte_at: float | None = None
+    """Monotonic time the answer's first byte went to the client."""
+    cancelled: bool = False
+    broke: bool = False
+    """A stream that broke off after it started."""
+    estimated_output_tokens: int = 0
+    """For a provider that reports no usage: chunks streamed (most send one token per
+    chunk), or a tokenizer's count of a plain answer."""
+    on_answered: Callable[[], None] | None = None
+    """Called once the answer is known and before its last byte goes out: the spend record is
+    on disk before the client has the whole answer, so a killed process cannot lose it."""
+
+    def answered(self) -> None:
+        if self.on_answered is not None:
+            self.on_answered()
+
+
+@dataclass(frozen=True, slots=True)
+class _Committed:
+    """The answer the client gets; for a stream, its first chunk and the iterator of the rest."""
+
+    upstream: Upstream
+    reply: Reply
+    first: bytes = b""
+    rest: AsyncIterator[bytes] | None = None
+
+
+def _cause(upstream: Upstream, status: int | None, code: ErrorCode) -> Cause:
+    return Cause(upstream.provider_name, upstream.provider_id, status, code)
+
+
+def _failure_code(exc: BaseException) -> ErrorCode:
+    return (
+        ErrorCode.PROVIDER_TIMEOUT if isinstance(exc, ProviderTimeout) else ErrorCode.PROVIDER_ERROR
+    )
+
+
+class _Walk:
+    """One walk down a chain; holds a lone provider 429 in case it is the only answer."""
+
+    __slots__ = ("_breakers", "_exchange", "_headers", "_held", "_outcome", "_recheck")
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        headers: Mapping[str, str],
+        breakers: Breakers,
+        recheck: Recheck,
+        outcome: Outcome,
+    ) -> None:
+        self._exchange = exchange
+        self._headers = headers
+        self._breakers = breakers
+        self._recheck = recheck
+        self._outcome = outcome
+        self._held: tuple[Upstream, Reply] | None = None
+
+    async def first_answer(self, chain: tuple[Upstream, ...]) -> _Committed:
+        """The first reply worth giving the client: a 2xx or a provider's own 4xx.
+
+        For a stream the first chunk is waited for too (returned), so a provider that accepts
+        and then fails before sending anything is still fallen through.
+        """
+        outcome = self._outcome
         try:
-            reply = await upstream.adapter.send(
-                upstream, operation, body_for(upstream), {**upstream.headers, **headers}
-            )
-        except ProviderTimeout:
-            failure = ProxyError(
-                ErrorCode.PROVIDER_TIMEOUT, f"provider {name} did not answer in time"
-            )
-        except ProviderUnreachable:
-            failure = ProxyError(ErrorCode.PROVIDER_ERROR, f"provider {name} could not be reached")
-        else:
-            if reply.status < 500 and (reply.status != 429 or index == last):
-                return upstream, reply
+            for upstream in chain:
+                answer = await self._try(upstream)
+                if answer is not None:
+                    return answer
+            held, self._held = self._held, None
+            if held is not None and outcome.calls == 1 and len(outcome.causes) == 1:
+                # The one provider called refused with a 429: its own answer, passed through.
+                outcome.causes.pop()
+                return _Committed(*held)
+            raise _exhausted(outcome.causes, self._breakers)
+        finally:
+            if self._held is not None:
+                self._held[1].close()
+
+    async def _try(self, upstream: Upstream) -> _Committed | None:
+        outcome, exchange = self._outcome, self._exchange
+        operation = exchange.operation(upstream)
+        if operation not in upstream.urls:
+            outcome.causes.append(_cause(upstream, None, ErrorCode.UNSUPPORTED_OPERATION))
+            return None
+        breaker = self._breakers[upstream.provider_id]
+        if breaker.resting():
+            outcome.causes.append(_cause(upstream, 429, ErrorCode.PROVIDER_RATE_LIMITED))
+            return None
+        if outcome.calls:
+            # Before paying for a further attempt: the key may have been revoked meanwhile.
+            await self._recheck()
+        if not breaker.admit():
+            outcome.causes.append(_cause(upstream, None, ErrorCode.CIRCUIT_OPEN))
+            return None
+        try:
+            return await self._call(upstream, operation, breaker)
+        except BaseException:
+            breaker.released()
+            raise
+
+    async def _call(
+        self, upstream: Upstream, operation: Operation, breaker: CircuitBreaker
+    ) -> _Committed | None:
+        outcome, exchange = self._outcome, self._exchange
+        body = exchange.body_for(upstream)
+        headers = {**upstream.headers, **self._headers}
+        if exchange.same_format_headers and upstream.wire is exchange.client:
+            headers.update(exchange.same_format_headers)
+        outcome.calls += 1
+        try:
+            reply = await upstream.adapter.send(upstream, operation, body, headers)
+        except _CALL_FAILURES as exc:
+            self._failed(upstream, breaker, None, _failure_code(exc))
+            return None
+        status = reply.status
+        if status == 429:
+            breaker.rate_limited(reply.retry_after)
+            breaker.released()
+            outcome.causes.append(_cause(upstream, 429, ErrorCode.PROVIDER_RATE_LIMITED))
+            if self._held is not None:
+                self._held[1].close()
+            self._held = (upstream, reply)
+            return None
+        if status >= 500:
             reply.close()
-            failure = ProxyError(
-                ErrorCode.PROVIDER_ERROR, f"provider {name} failed with HTTP {reply.status}"
-            )
-        causes.append(failure.message)
-    assert failure is not None
-    if len(causes) > 1:
-        raise ProxyError(
-            ErrorCode.CHAIN_EXHAUSTED,
-            "every provider for this model failed: " + "; ".join(causes),
+            self._failed(upstream, breaker, status, ErrorCode.PROVIDER_ERROR)
+            return None
+        if not self._exchange.stream or status >= 300:
+            breaker.succeeded()
+            return _Committed(upstream, reply)
+        rest = reply.chunks()
+        try:
+            first = await _first_chunk(rest)
+        except _CALL_FAILURES as exc:
+            reply.close()
+            self._failed(upstream, breaker, status, _failure_code(exc))
+            return None
+        except BaseException:
+            reply.close()
+            raise
+        breaker.succeeded()
+        return _Committed(upstream, reply, first, rest)
+
+    def _failed(
+        self, upstream: Upstream, breaker: CircuitBreaker, status: int | None, code: ErrorCode
+    ) -> None:
+        self._outcome.causes.append(_cause(upstream, status, code))
+        log.warning(
+            "provider_attempt_failed provider=%s status=%s code=%s",
+            upstream.provider_id,
+            status,
+            code,
         )
-    raise failure
+        if breaker.failed():
+            log.warning("breaker_opened provider=%s", upstream.provider_id)
+
+
+async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
+    """The stream's first non-empty chunk, or b"" for a stream that ends at once."""
+    async for chunk in chunks:
+        if chunk:
+            return chunk
+    return b""
+
+
+def _exhausted(causes: list[Cause], breakers: Breakers) -> ProxyError:
+    """The error for a chain none of whose credentials answered; it keeps every cause."""
+    codes = {cause.code for cause in causes}
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    waits = [breakers[cause.provider_id].retry_after_s() for cause in causes]
+    if waits and min(waits) > 0:
+        headers = ((b"retry-after", str(max(1, round(min(waits) + 0.4999))).encode()),)
+    if codes == {ErrorCode.CIRCUIT_OPEN}:
+        error = ProxyError(
+            ErrorCode.CIRCUIT_OPEN,
+            "every provider for this model is failing; calls are paused (circuit open)",
+            headers=headers,
+            causes=causes,
+        )
+    elif codes == {ErrorCode.PROVIDER_RATE_LIMITED}:
+        error = ProxyError(
+            ErrorCode.PROVIDER_RATE_LIMITED,
+            "every provider for this model is rate limiting its requests",
+            headers=headers,
+            causes=causes,
+        )
+    elif codes == {ErrorCode.UNSUPPORTED_OPERATION}:
+        error = ProxyError(
+            ErrorCode.INVALID_REQUEST,
+            "no provider for this model serves this route",
+            param="model",
+            causes=causes,
+        )
+    elif len(causes) == 1:
+        error = ProxyError(causes[0].code, _told(causes[0]), causes=causes)
+    else:
+        error = ProxyError(
+            ErrorCode.CHAIN_EXHAUSTED,
+            "every provider for this model failed: " + "; ".join(_told(c) for c in causes),
+            causes=causes,
+        )
+    log.warning(
+        "chain_exhausted code=%s attempts=%s",
+        error.code,
+        ",".join(f"{c.provider_id}:{c.status or '-'}:{c.code}" for c in causes),
+    )
+    return error
+
+
+_TOLD = {
+    ErrorCode.PROVIDER_TIMEOUT: "did not answer in time",
+    ErrorCode.PROVIDER_RATE_LIMITED: "is rate limiting (429)",
+    ErrorCode.CIRCUIT_OPEN: "is paused (circuit open)",
+    ErrorCode.UNSUPPORTED_OPERATION: "does not serve this route",
+}
+
+
+def _told(cause: Cause) -> str:
+    """One cause in words, for the error's message."""
+    if cause.code in _TOLD:
+        return f"provider {cause.provider} {_TOLD[cause.code]}"
+    if cause.status is not None:
+        return f"provider {cause.provider} failed with HTTP {cause.status}"
+    return f"provider {cause.provider} could not be reached"
 
 
 def _answer_headers(
-    upstream: Upstream, reply: Reply, request_id: bytes
+    upstream: Upstream, reply: Reply, request_id: bytes, fallbacks: int, content_type: bytes
 ) -> list[tuple[bytes, bytes]]:
     headers = [
-        (b"content-type", reply.content_type),
+        (b"content-type", content_type),
         (b"x-request-id", request_id),
         (b"x-vkgate-provider", upstream.provider_name.encode()),
+        (b"x-vkgate-fallback-count", str(fallbacks).encode()),
     ]
     if reply.retry_after is not None:
         headers.append((b"retry-after", reply.retry_after))
@@ -102,84 +304,115 @@ async def _read(upstream: Upstream, reply: Reply) -> bytes:
         reply.close()
 
 
-async def forward(
-    chain: tuple[Upstream, ...],
-    operation: Operation,
-    body_for: BodyFor,
-    headers: Mapping[str, str],
-    send: Send,
-    request_id: bytes,
-    recheck: Recheck,
-) -> None:
-    """A plain answer, or a provider's own 4xx, passed back whole."""
-    upstream, reply = await _first_answer(chain, operation, body_for, headers, recheck)
-    data = await _read(upstream, reply)
-    await respond(send, reply.status, data, _answer_headers(upstream, reply, request_id))
+class Dispatcher:
+    """Walks chains for the gateway, with the process's breakers and clock."""
 
+    def __init__(self, breakers: Breakers, now: Callable[[], float]) -> None:
+        self._breakers = breakers
+        self._now = now
 
-async def forward_stream(
-    chain: tuple[Upstream, ...],
-    body_for: BodyFor,
-    headers: Mapping[str, str],
-    strip_usage: Callable[[Upstream], bool],
-    receive: Receive,
-    send: Send,
-    request_id: bytes,
-    recheck: Recheck,
-) -> None:
-    upstream, reply = await _first_answer(chain, Operation.CHAT, body_for, headers, recheck)
-    if reply.status >= 300:
-        # A provider's refusal is a JSON body, not a stream: passed back whole.
+    async def forward(
+        self,
+        chain: tuple[Upstream, ...],
+        exchange: Exchange,
+        headers: Mapping[str, str],
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        recheck: Recheck,
+        outcome: Outcome,
+    ) -> None:
+        walk = _Walk(exchange, headers, self._breakers, recheck, outcome)
+        committed = await walk.first_answer(chain)
+        upstream, reply = committed.upstream, committed.reply
+        outcome.upstream, outcome.status = upstream, reply.status
+        fallbacks = len(outcome.causes)
+        if committed.rest is not None:
+            await self._stream(exchange, committed, fallbacks, receive, send, request_id, outcome)
+            return
         data = await _read(upstream, reply)
-        await respond(send, reply.status, data, _answer_headers(upstream, reply, request_id))
-        return
-    answer_headers = _answer_headers(upstream, reply, request_id)
-    answer_headers.append((b"cache-control", b"no-cache"))
-    pump = asyncio.ensure_future(
-        _pump(reply, UsageChunkFilter() if strip_usage(upstream) else None, send, answer_headers)
-    )
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (pump, watcher):
-            task.cancel()
-        # Both are awaited and the provider's response closed whatever either raised.
-        outcomes = await asyncio.gather(pump, watcher, return_exceptions=True)
-        reply.close()
-    failure = outcomes[0]
-    if isinstance(failure, Exception):
-        # Once the answer started nothing else can be sent; usually the client went away.
-        log.warning("stream ended early: %s", type(failure).__name__)
+        answer = exchange.answer(upstream, reply.status, data)
+        outcome.usage, outcome.served_model = answer.usage, answer.model
+        if answer.usage is None and reply.status < 300:
+            outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
+        content_type = reply.content_type if upstream.wire is exchange.client else JSON
+        headers_out = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
+        outcome.first_byte_at = self._now()
+        outcome.answered()
+        await respond(send, reply.status, answer.data, headers_out)
+
+    async def _stream(
+        self,
+        exchange: Exchange,
+        committed: _Committed,
+        fallbacks: int,
+        receive: Receive,
+        send: Send,
+        request_id: bytes,
+        outcome: Outcome,
+    ) -> None:
+        upstream, reply = committed.upstream, committed.reply
+        pipe = exchange.pipe(upstream)
+        headers = _answer_headers(upstream, reply, request_id, fallbacks, b"text/event-stream")
+        headers.append((b"cache-control", b"no-cache"))
+        pump = asyncio.ensure_future(self._pump(exchange, committed, pipe, send, headers, outcome))
+        watcher = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if watcher.done() and not pump.done():
+                outcome.cancelled = True
+            for task in (pump, watcher):
+                task.cancel()
+            # Both are awaited and the provider's response closed whatever either raised.
+            outcomes = await asyncio.gather(pump, watcher, return_exceptions=True)
+            reply.close()
+            outcome.usage, outcome.served_model = pipe.usage, pipe.model
+        failure = outcomes[0]
+        if isinstance(failure, Exception):
+            # Once the answer started nothing else can be sent; usually the client went away.
+            outcome.cancelled = True
+            log.warning("stream ended early: %s", type(failure).__name__)
+
+    async def _pump(
+        self,
+        exchange: Exchange,
+        committed: _Committed,
+        pipe: StreamPipe,
+        send: Send,
+        headers: list[tuple[bytes, bytes]],
+        outcome: Outcome,
+    ) -> None:
+        upstream, reply = committed.upstream, committed.reply
+        assert committed.rest is not None
+        try:
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+            outcome.first_byte_at = self._now()
+            data = pipe.feed(committed.first)
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for chunk in committed.rest:
+                outcome.estimated_output_tokens += 1
+                data = pipe.feed(chunk)
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            tail = pipe.finish()
+        except _CALL_FAILURES as exc:
+            # Headers went out: the error travels in the stream, in the client's format.
+            outcome.broke = True
+            if self._breakers[upstream.provider_id].failed():
+                log.warning("breaker_opened provider=%s", upstream.provider_id)
+            error = ProxyError(
+                _failure_code(exc), "the provider's stream broke off before it finished"
+            )
+            tail = stream_error(exchange.client, error)
+        finally:
+            reply.close()
+        outcome.usage, outcome.served_model = pipe.usage, pipe.model
+        outcome.answered()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _pump(
-    reply: Reply,
-    usage_filter: UsageChunkFilter | None,
-    send: Send,
-    headers: list[tuple[bytes, bytes]],
-) -> None:
-    try:
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        async for chunk in reply.chunks():
-            data = usage_filter.feed(chunk) if usage_filter is not None else chunk
-            if data:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        tail = usage_filter.flush() if usage_filter is not None else b""
-    except (ProviderTimeout, ProviderUnreachable) as exc:
-        # Headers went out: the error travels in the stream, the way OpenAI reports one.
-        code = (
-            ErrorCode.PROVIDER_TIMEOUT
-            if isinstance(exc, ProviderTimeout)
-            else ErrorCode.PROVIDER_ERROR
-        )
-        error = ProxyError(code, "the provider's stream broke off before it finished")
-        tail = b"data: " + error.openai_body() + b"\n\n"
-    finally:
-        reply.close()
-    await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -20,6 +20,24 @@ class AnthropicErrorBody(msgspec.Struct, tag_field="type", tag="error"):
     error: AnthropicErrorDetail
 
 
+class Cause(msgspec.Struct, frozen=True):
+    """Why one credential of a chain gave no answer: the evidence an exhausted chain keeps."""
+
+    provider: str
+    provider_id: str
+    status: int | None
+    """The provider's HTTP status; null when it was not called or never answered."""
+    code: ErrorCode
+
+
+class _DetailWithAttempts(ErrorDetail, omit_defaults=False):
+    attempts: list[Cause] = []
+
+
+class _AnthropicDetailWithAttempts(AnthropicErrorDetail, omit_defaults=False):
+    attempts: list[Cause] = []
+
+
 class ProxyError(Exception):
     """A refusal or failure the client sees, with the code that decides its status and type."""
 
@@ -30,12 +48,14 @@ class ProxyError(Exception):
         *,
         param: str | None = None,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        causes: list[Cause] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
         self.headers = headers
+        self.causes = causes
 
     @property
     def status(self) -> int:
@@ -43,6 +63,14 @@ class ProxyError(Exception):
 
     def openai_body(self) -> bytes:
         kind = ERRORS[self.code]
+        if self.causes:
+            return _encode(
+                ErrorBody(
+                    _DetailWithAttempts(
+                        self.message, kind.openai_type, self.code, self.param, self.causes
+                    )
+                )
+            )
         return _encode(
             ErrorBody(ErrorDetail(self.message, kind.openai_type, self.code, self.param))
         )
@@ -50,9 +78,12 @@ class ProxyError(Exception):
     def anthropic_body(self) -> bytes:
         """`{"type": "error", "error": {"type", "message", "code"}}`, as `/v1/messages` answers."""
         kind = ERRORS[self.code]
-        return _encode(
-            AnthropicErrorBody(AnthropicErrorDetail(kind.anthropic_type, self.message, self.code))
+        detail = (
+            _AnthropicDetailWithAttempts(kind.anthropic_type, self.message, self.code, self.causes)
+            if self.causes
+            else AnthropicErrorDetail(kind.anthropic_type, self.message, self.code)
         )
+        return _encode(AnthropicErrorBody(detail))
 
 
 def invalid(message: str, *, param: str | None = None) -> ProxyError:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from proxy import body as B
 from proxy.asgi import (
@@ -23,17 +24,21 @@ from proxy.asgi import (
     respond_error,
 )
 from proxy.auth import AuthCache
-from proxy.dispatch import Recheck, forward, forward_stream
+from proxy.breaker import Breakers
+from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError
-from proxy.providers import Operation, Upstream
+from proxy.formats import ChatExchange, EmbeddingsExchange, Exchange
+from proxy.providers import Upstream
+from proxy.providers.base import WireFormat
 from proxy.runtime import KeyRuntime
 from proxy.settings import ProxySettings
+from proxy.spend import records
+from proxy.spend.spool import SpendSpool, SpoolError
+from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
 from vkgate.keys import VIRTUAL_KEY_PREFIX
 
 log = logging.getLogger("vkgate.proxy")
-
-Handler = Callable[[KeyRuntime, Head, Receive, Send], Awaitable[None]]
 
 
 def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
@@ -67,115 +72,216 @@ def _provider_headers(head: Head) -> dict[str, str]:
     return headers
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A request read and resolved: what dispatch sends, and what the spend record says of it."""
+
+    model: str
+    chain: tuple[Upstream, ...]
+    exchange: Exchange
+    end_user: str | None
+    body: bytes
+    """Kept for a token estimate when the provider reports no usage."""
+
+
+Prepare = Callable[[KeyRuntime, Head, bytes], Prepared]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    path: str
+    """As the spend record names it: `/v1/…`."""
+    prepare: Prepare
+    anthropic: bool = False
+    """Answers (errors included) in Anthropic's format."""
+
+
 class Gateway:
     """What `/v1` serves, with everything wired once at start-up."""
 
-    def __init__(self, settings: ProxySettings, cache: AuthCache) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        cache: AuthCache,
+        spool: SpendSpool,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        clock = clock or SystemClock()
         self._max_body = settings.max_body_bytes
         self._cache = cache
-        self._routes: dict[str, tuple[str, Handler]] = {
-            "/chat/completions": ("POST", self._chat),
-            "/embeddings": ("POST", self._embeddings),
-            "/models": ("GET", self._models),
+        self._spool = spool
+        self._now = clock.monotonic
+        self._clock = clock
+        self.breakers = Breakers(
+            settings.circuit_threshold,
+            settings.circuit_window_s,
+            settings.circuit_cooldown_s,
+            clock,
+        )
+        self._dispatcher = Dispatcher(self.breakers, clock.monotonic)
+        self._routes: dict[str, Route] = {
+            "/chat/completions": Route("/v1/chat/completions", self._chat),
+            "/messages": Route("/v1/messages", self._messages, anthropic=True),
+            "/embeddings": Route("/v1/embeddings", self._embeddings),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         head = Head(scope)
+        path = scope["path"].rstrip("/")
+        route = self._routes.get(path)
+        anthropic = route is not None and route.anthropic
         try:
-            route = self._routes.get(scope["path"].rstrip("/"))
-            if route is None:
-                raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{scope['path'].rstrip('/')}")
-            method, handler = route
-            if scope["method"] != method:
-                raise ProxyError(
-                    ErrorCode.METHOD_NOT_ALLOWED,
-                    f"this route takes {method}, not {scope['method']}",
-                    # RFC 9110: a 405 says which method the route does take.
-                    headers=((b"allow", method.encode()),),
+            if route is not None:
+                self._allow(scope, "POST")
+                await self._serve(route, head, receive, send)
+            elif path == "/models":
+                self._allow(scope, "GET")
+                runtime = await self._authenticate(head)
+                await respond(
+                    send,
+                    200,
+                    runtime.models_body,
+                    [(b"content-type", JSON), (b"x-request-id", head.request_id)],
                 )
-            if head.key is None:
-                raise ProxyError(
-                    ErrorCode.INVALID_API_KEY,
-                    "no virtual key: send it as `Authorization: Bearer vk-…` or `x-api-key`",
-                )
-            if not head.key.startswith(VIRTUAL_KEY_PREFIX):
-                # Refused here: a stray bearer token costs no control-plane round trip.
-                raise ProxyError(ErrorCode.INVALID_API_KEY, "invalid virtual key")
-            runtime = await self._cache.authenticate(head.key)
-            await handler(runtime, head, receive, send)
+            else:
+                raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
         except ProxyError as exc:
-            await respond_error(send, exc, head.request_id)
+            await respond_error(send, exc, head.request_id, anthropic=anthropic)
         except ClientGone:
             return
         except Exception:
-            # A bug, not a refusal: logged (never the body), and answered in OpenAI's shape.
-            log.exception("unexpected error serving /v1%s", scope["path"].rstrip("/"))
+            # A bug, not a refusal: logged (never the body), and answered in the route's shape.
+            log.exception("unexpected error serving /v1%s", path)
             error = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
             # If the answer had already started, a second start is refused: nothing more to say.
             with contextlib.suppress(Exception):
-                await respond_error(send, error, head.request_id)
+                await respond_error(send, error, head.request_id, anthropic=anthropic)
 
-    async def _chat(self, runtime: KeyRuntime, head: Head, receive: Receive, send: Send) -> None:
-        body = await read_body(receive, self._max_body, head.content_length)
-        fields = B.chat_fields(body)
-        chain = chain_for(runtime, fields.model)
-        requested = fields.model
-        if not fields.stream:
+    @staticmethod
+    def _allow(scope: Scope, method: str) -> None:
+        if scope["method"] != method:
+            raise ProxyError(
+                ErrorCode.METHOD_NOT_ALLOWED,
+                f"this route takes {method}, not {scope['method']}",
+                # RFC 9110: a 405 says which method the route does take.
+                headers=((b"allow", method.encode()),),
+            )
 
-            def plain(upstream: Upstream) -> bytes:
-                return B.patch_model(body, requested, upstream.model_json)
+    async def _authenticate(self, head: Head) -> KeyRuntime:
+        if head.key is None:
+            raise ProxyError(
+                ErrorCode.INVALID_API_KEY,
+                "no virtual key: send it as `Authorization: Bearer vk-…` or `x-api-key`",
+            )
+        if not head.key.startswith(VIRTUAL_KEY_PREFIX):
+            # Refused here: a stray bearer token costs no control-plane round trip.
+            raise ProxyError(ErrorCode.INVALID_API_KEY, "invalid virtual key")
+        return await self._cache.authenticate(head.key)
 
-            await forward(
-                chain,
-                Operation.CHAT,
-                plain,
+    async def _serve(self, route: Route, head: Head, receive: Receive, send: Send) -> None:
+        """The pipeline for a paid route; spend admission wraps it, outermost."""
+        spool = self._spool
+        if spool.full:
+            spool.count_refused()
+            raise ProxyError(
+                ErrorCode.SPEND_SPOOL_FULL,
+                "the gateway cannot record spend right now (spool full); retry later",
+                headers=((b"retry-after", b"5"),),
+            )
+        try:
+            ticket = records.Ticket(spool, route.path, head.request_id, self._now())
+        except SpoolError:
+            # Nothing could be recorded: refused rather than served unrecorded.
+            spool.count_refused()
+            raise ProxyError(
+                ErrorCode.SPEND_SPOOL_FULL,
+                "the gateway cannot record spend right now (spool not writable); retry later",
+                headers=((b"retry-after", b"5"),),
+            ) from None
+        outcome = Outcome()
+
+        def answered() -> None:
+            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+            ticket.settle(outcome, outcome.status, code, self._now())
+
+        outcome.on_answered = answered
+        status: int = 500
+        code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
+        try:
+            runtime = ticket.runtime = await self._authenticate(head)
+            body = await read_body(receive, self._max_body, head.content_length)
+            prepared = ticket.request = route.prepare(runtime, head, body)
+            await self._dispatcher.forward(
+                prepared.chain,
+                prepared.exchange,
                 _provider_headers(head),
+                receive,
                 send,
                 head.request_id,
-                self._recheck(head, runtime, fields.model),
+                self._recheck(head, runtime, prepared.model),
+                outcome,
             )
-            return
+            status = outcome.status
+            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+        except ProxyError as exc:
+            status, code = exc.status, exc.code
+            raise
+        except ClientGone:
+            outcome.cancelled = True
+            status, code = records.CLIENT_CLOSED, None
+            raise
+        finally:
+            # Exactly one outcome record per admitted request, whatever happened; a refusal's
+            # is written before the refusal is sent, an answer's before its last byte.
+            ticket.settle(outcome, status, code, self._now())
+
+    def _chat(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
+        fields = B.chat_fields(body)
+        chain = chain_for(runtime, fields.model)
+        stream = bool(fields.stream)
         options = fields.stream_options
-        client_wants_usage = isinstance(options, B.StreamOptions) and bool(options.include_usage)
-        with_usage = body if client_wants_usage else B.ask_for_usage(body, fields)
-
-        def streamed(upstream: Upstream) -> bytes:
-            source = with_usage if upstream.stream_usage else body
-            return B.patch_model(source, requested, upstream.model_json)
-
-        def strip_usage(upstream: Upstream) -> bool:
-            return upstream.stream_usage and not client_wants_usage
-
-        await forward_stream(
-            chain,
-            streamed,
-            _provider_headers(head),
-            strip_usage,
-            receive,
-            send,
-            head.request_id,
-            self._recheck(head, runtime, fields.model),
+        wants_usage = isinstance(options, B.StreamOptions) and bool(options.include_usage)
+        with_usage = body if not stream or wants_usage else B.ask_for_usage(body, fields)
+        exchange = ChatExchange(
+            WireFormat.OPENAI,
+            body,
+            fields.model,
+            stream=stream,
+            client_wants_usage=wants_usage,
+            with_usage=with_usage,
+            created=int(self._clock.now().timestamp()),
         )
+        return Prepared(fields.model, chain, exchange, head.end_user or fields.user, body)
 
-    async def _embeddings(
-        self, runtime: KeyRuntime, head: Head, receive: Receive, send: Send
-    ) -> None:
-        body = await read_body(receive, self._max_body, head.content_length)
+    def _messages(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
+        fields = B.messages_fields(body)
+        chain = chain_for(runtime, fields.model)
+        # The body was written for the client's API version and betas: a provider of the same
+        # format gets them with it; a translated request gets the credential's own.
+        same_format = {}
+        if head.anthropic_version is not None:
+            same_format["anthropic-version"] = head.anthropic_version.decode("latin-1")
+        if head.anthropic_beta is not None:
+            same_format["anthropic-beta"] = head.anthropic_beta.decode("latin-1")
+        exchange = ChatExchange(
+            WireFormat.ANTHROPIC,
+            body,
+            fields.model,
+            stream=bool(fields.stream),
+            client_wants_usage=True,
+            with_usage=body,
+            created=int(self._clock.now().timestamp()),
+            same_format_headers=same_format,
+        )
+        user = fields.metadata.user_id if fields.metadata is not None else None
+        return Prepared(fields.model, chain, exchange, head.end_user or user, body)
+
+    def _embeddings(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
         fields = B.embedding_fields(body)
         chain = chain_for(runtime, fields.model)
-
-        def patched(upstream: Upstream) -> bytes:
-            return B.patch_model(body, fields.model, upstream.model_json)
-
-        await forward(
-            chain,
-            Operation.EMBEDDINGS,
-            patched,
-            _provider_headers(head),
-            send,
-            head.request_id,
-            self._recheck(head, runtime, fields.model),
-        )
+        exchange = EmbeddingsExchange(body, fields.model)
+        return Prepared(fields.model, chain, exchange, head.end_user or fields.user, body)
 
     def _recheck(self, head: Head, runtime: KeyRuntime, model: str) -> Recheck:
         """Before a further paid attempt, whether the key may still be used for `model`.
@@ -193,11 +299,3 @@ class Gateway:
                 chain_for(current, model)
 
         return recheck
-
-    async def _models(self, runtime: KeyRuntime, head: Head, receive: Receive, send: Send) -> None:
-        await respond(
-            send,
-            200,
-            runtime.models_body,
-            [(b"content-type", JSON), (b"x-request-id", head.request_id)],
-        )

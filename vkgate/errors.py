@@ -29,6 +29,10 @@ class ErrorCode(StrEnum):
     PROVIDER_ERROR = "provider_error"
     CHAIN_EXHAUSTED = "chain_exhausted"
     PROVIDER_TIMEOUT = "provider_timeout"
+    PROVIDER_RATE_LIMITED = "provider_rate_limited"
+    """Every provider of the chain answered (or had just answered) 429."""
+    UNSUPPORTED_OPERATION = "unsupported_operation"
+    """A credential of the chain cannot serve the route (an Anthropic one asked to embed)."""
     # Control plane codes (admin, finance and internal APIs).
     VALIDATION_ERROR = "validation_error"
     UNAUTHORIZED = "unauthorized"
@@ -67,6 +71,8 @@ ERRORS: dict[ErrorCode, ErrorKind] = {
     ErrorCode.PROVIDER_ERROR: ErrorKind(502, "api_error", "api_error"),
     ErrorCode.CHAIN_EXHAUSTED: ErrorKind(502, "api_error", "api_error"),
     ErrorCode.PROVIDER_TIMEOUT: ErrorKind(504, "api_error", "api_error"),
+    ErrorCode.PROVIDER_RATE_LIMITED: ErrorKind(429, "rate_limit_error", "rate_limit_error"),
+    ErrorCode.UNSUPPORTED_OPERATION: _INVALID,
     ErrorCode.VALIDATION_ERROR: ErrorKind(422, "invalid_request_error", "invalid_request_error"),
     ErrorCode.UNAUTHORIZED: ErrorKind(401, "authentication_error", "authentication_error"),
     ErrorCode.FORBIDDEN: ErrorKind(403, "permission_error", "permission_error"),

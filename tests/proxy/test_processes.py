@@ -374,7 +374,12 @@ def test_proxy_without_its_control_plane_is_unready_unless_it_has_keys_cached(
         stop(controlplane.process)
 
         unready = eventually_status(f"{cold.url}/readyz", 503)
-        assert unready.json() == {"status": "unavailable", "controlplane": False, "cached_keys": 0}
+        assert unready.json() == {
+            "status": "unavailable",
+            "controlplane": False,
+            "cached_keys": 0,
+            "spend_spool": {"writable": True, "full": False},
+        }
         health = httpx.get(f"{cold.url}/health", timeout=10)
         assert health.status_code == 503, health.text
         assert health.json()["status"] == "unavailable"

@@ -13,8 +13,11 @@ import openai
 import pytest
 from litestar import Litestar
 
-from proxy.dispatch import forward_stream
-from proxy.providers import Upstream
+from proxy.breaker import Breakers
+from proxy.dispatch import Dispatcher, Outcome
+from proxy.formats import ChatExchange
+from proxy.providers import Operation, Upstream
+from proxy.providers.base import WireFormat
 from tests.proxy.conftest import (
     CHAT_ALIAS,
     RunningProxy,
@@ -27,6 +30,7 @@ from tests.proxy.conftest import (
 )
 from tests.support.clock import ManualClock
 from tests.support.fake_openai import FakeOpenAI
+from vkgate.clock import SystemClock
 
 HELLO: Any = [{"role": "user", "content": "hello"}]
 
@@ -154,12 +158,26 @@ async def test_a_stream_whose_client_cannot_be_written_closes_the_providers_answ
         async def send(self, *_: Any) -> Reply:
             return Reply()
 
-    upstream = Upstream("p", "p", "openai", "m", b'"m"', Provider())  # type: ignore[arg-type]
+    upstream = Upstream(
+        "p", "p", "openai", "m", b'"m"', Provider(), urls={Operation.CHAT: "http://p.test"}
+    )  # type: ignore[arg-type]
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+    exchange = ChatExchange(
+        WireFormat.OPENAI,
+        body,
+        "m",
+        stream=True,
+        client_wants_usage=True,
+        with_usage=body,
+        created=0,
+    )
 
     async def recheck() -> None:
         return None
 
-    await forward_stream(
-        (upstream,), lambda _: b"{}", {}, lambda _: False, receive, send, b"rid", recheck
-    )
+    clock = SystemClock()
+    dispatcher = Dispatcher(Breakers(10, 30.0, 60.0, clock), clock.monotonic)
+    outcome = Outcome()
+    await dispatcher.forward((upstream,), exchange, {}, receive, send, b"rid", recheck, outcome)
     assert closed
+    assert outcome.cancelled, "the answer never reached the client"

@@ -1,4 +1,5 @@
-"""A clock whose wall time the test sets; monotonic time stays real so waits still end."""
+"""A clock whose wall time the test sets; monotonic time stays real so waits still end,
+but a test can move it on too (`elapse`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ from datetime import UTC, datetime, timedelta
 class ManualClock:
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+        self._ahead = 0.0
 
     def now(self) -> datetime:
         return self._now
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return time.monotonic() + self._ahead
+
+    def elapse(self, seconds: float) -> None:
+        """Time passes: the wall clock and the monotonic clock both move on."""
+        self._now += timedelta(seconds=seconds)
+        self._ahead += seconds
 
     def advance(self, seconds: float) -> None:
         self._now += timedelta(seconds=seconds)

@@ -1,0 +1,234 @@
+"""How a request in the client's wire format travels to a provider speaking the same or the other.
+
+Same format: the body passes through with only `model` patched, and the answer comes back as
+the provider's bytes. Different formats: the request, the answer, a provider's error and every
+stream event go through the pure translators in `proxy.translate`. Either way the usage and the
+served model are read off the provider's answer for the spend record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from proxy import body as B
+from proxy import usage as U
+from proxy.errors import ProxyError
+from proxy.providers import Operation, Upstream
+from proxy.providers.base import WireFormat
+from proxy.sse import UsageChunkFilter
+from proxy.translate import anthropic_openai, openai_anthropic
+from proxy.usage import TokenUsage
+
+_CHAT_OPERATION = {WireFormat.OPENAI: Operation.CHAT, WireFormat.ANTHROPIC: Operation.MESSAGES}
+
+
+class StreamPipe(Protocol):
+    """What a provider's stream goes through on its way to the client."""
+
+    @property
+    def usage(self) -> TokenUsage | None: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+class Answer:
+    """A plain answer as the client gets it, with what the spend record needs."""
+
+    __slots__ = ("data", "model", "usage")
+
+    def __init__(self, data: bytes, usage: TokenUsage | None, model: str | None) -> None:
+        self.data = data
+        self.usage = usage
+        self.model = model
+
+
+class Exchange(Protocol):
+    """One client request, ready to be sent to any credential of its chain."""
+
+    client: WireFormat
+    stream: bool
+    same_format_headers: Mapping[str, str]
+    """Client headers a provider speaking the client's format gets too (Anthropic's version)."""
+
+    def operation(self, upstream: Upstream) -> Operation: ...
+
+    def body_for(self, upstream: Upstream) -> bytes: ...
+
+    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer: ...
+
+    def pipe(self, upstream: Upstream) -> StreamPipe: ...
+
+
+class _OpenAIStream:
+    """An OpenAI stream passed through to an OpenAI client, its usage chunk read on the way."""
+
+    __slots__ = ("_filter",)
+
+    def __init__(self, drop_usage: bool) -> None:
+        self._filter = UsageChunkFilter(drop=drop_usage)
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        return self._filter.usage
+
+    @property
+    def model(self) -> str | None:
+        return self._filter.model
+
+    def feed(self, data: bytes) -> bytes:
+        return self._filter.feed(data)
+
+    def finish(self) -> bytes:
+        return self._filter.flush()
+
+
+class _AnthropicStream:
+    """An Anthropic stream passed through untouched; `message_start`/`message_delta` are read."""
+
+    __slots__ = ("_tap",)
+
+    def __init__(self) -> None:
+        self._tap = U.AnthropicStreamUsage()
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        return self._tap.usage
+
+    @property
+    def model(self) -> str | None:
+        return self._tap.model
+
+    def feed(self, data: bytes) -> bytes:
+        self._tap.feed(data)
+        return data
+
+    def finish(self) -> bytes:
+        return b""
+
+
+def stream_error(client: WireFormat, error: ProxyError) -> bytes:
+    """The last event of a stream that broke after it started, in the client's format."""
+    if client is WireFormat.ANTHROPIC:
+        return b"event: error\ndata: " + error.anthropic_body() + b"\n\n"
+    return b"data: " + error.openai_body() + b"\n\n"
+
+
+class ChatExchange:
+    """`POST /v1/chat/completions` (OpenAI's format) or `POST /v1/messages` (Anthropic's)."""
+
+    __slots__ = (
+        "_body",
+        "_client_wants_usage",
+        "_created",
+        "_requested",
+        "_translated",
+        "_with_usage",
+        "client",
+        "same_format_headers",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        client: WireFormat,
+        body: bytes,
+        requested: str,
+        *,
+        stream: bool,
+        client_wants_usage: bool,
+        with_usage: bytes,
+        created: int,
+        same_format_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        self.stream = stream
+        self.same_format_headers = same_format_headers or {}
+        self._body = body
+        self._requested = requested
+        self._client_wants_usage = client_wants_usage
+        self._with_usage = with_usage
+        """The OpenAI body asking a stream for usage (the body itself when not streaming)."""
+        self._created = created
+        self._translated: dict[tuple[WireFormat, bytes], bytes] = {}
+
+    def operation(self, upstream: Upstream) -> Operation:
+        return _CHAT_OPERATION[upstream.wire]
+
+    def body_for(self, upstream: Upstream) -> bytes:
+        if upstream.wire is self.client:
+            source = self._with_usage if upstream.stream_usage else self._body
+            return B.patch_model(source, self._requested, upstream.model_json)
+        key = (upstream.wire, upstream.model_json)
+        translated = self._translated.get(key)
+        if translated is None:
+            # Raises a 400 naming the field when the other format has no place for it.
+            if self.client is WireFormat.OPENAI:
+                translated = openai_anthropic.request(self._body, upstream.model)
+            else:
+                translated = anthropic_openai.request(self._body, upstream.model)
+            self._translated[key] = translated
+        return translated
+
+    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer:
+        provider = upstream.wire
+        if status >= 300:
+            if provider is self.client:
+                return Answer(data, None, None)
+            translate_error = (
+                openai_anthropic.error
+                if self.client is WireFormat.OPENAI
+                else anthropic_openai.error
+            )
+            return Answer(translate_error(status, data), None, None)
+        usage, model = (
+            U.openai_answer(data) if provider is WireFormat.OPENAI else U.anthropic_answer(data)
+        )
+        if provider is not self.client:
+            if self.client is WireFormat.OPENAI:
+                data = openai_anthropic.response(data, self._created)
+            else:
+                data = anthropic_openai.response(data)
+        return Answer(data, usage, model)
+
+    def pipe(self, upstream: Upstream) -> StreamPipe:
+        if upstream.wire is self.client:
+            if upstream.wire is WireFormat.ANTHROPIC:
+                return _AnthropicStream()
+            return _OpenAIStream(drop_usage=upstream.stream_usage and not self._client_wants_usage)
+        if self.client is WireFormat.OPENAI:
+            return openai_anthropic.StreamTranslator(self._created, self._client_wants_usage)
+        return anthropic_openai.StreamTranslator()
+
+
+class EmbeddingsExchange:
+    """`POST /v1/embeddings`: OpenAI's format only; a credential that cannot embed is skipped."""
+
+    __slots__ = ("_body", "_requested")
+    client = WireFormat.OPENAI
+    stream = False
+    same_format_headers: Mapping[str, str] = {}
+
+    def __init__(self, body: bytes, requested: str) -> None:
+        self._body = body
+        self._requested = requested
+
+    def operation(self, upstream: Upstream) -> Operation:
+        return Operation.EMBEDDINGS
+
+    def body_for(self, upstream: Upstream) -> bytes:
+        return B.patch_model(self._body, self._requested, upstream.model_json)
+
+    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer:
+        if status >= 300:
+            return Answer(data, None, None)
+        usage, model = U.openai_answer(data)
+        return Answer(data, usage, model)
+
+    def pipe(self, upstream: Upstream) -> StreamPipe:
+        raise AssertionError("embeddings are never streamed")

@@ -1,0 +1,133 @@
+"""The spend records of one request: an admit when it enters, exactly one outcome when it ends.
+
+The outcome is a `confirm` when a provider's 2xx reached the client (a stream that broke off or
+that the client left is still confirmed, with the usage seen until then and a flag), and a
+`fail` otherwise; a `fail` made before any provider was called is a refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from proxy.spend.estimate import estimate_tokens
+from proxy.spend.spool import SpoolError
+from proxy.usage import TokenUsage
+from vkgate.spend import RecordKind, SpendRecord, UsageSource
+
+if TYPE_CHECKING:
+    from proxy.dispatch import Outcome
+    from proxy.gateway import Prepared
+    from proxy.runtime import KeyRuntime
+    from proxy.spend.spool import SpendSpool
+
+log = logging.getLogger("vkgate.proxy")
+CLIENT_CLOSED = 499
+"""The status recorded when the client left before any answer (nginx's convention)."""
+
+
+class Ticket:
+    """One request's place in the spool: its admit is written on creation, and exactly one
+    outcome record follows, whichever of `settle`'s callers comes first."""
+
+    __slots__ = ("_route", "_spool", "_started", "request", "request_id", "runtime", "settled")
+
+    def __init__(self, spool: SpendSpool, route: str, request_id: bytes, started: float) -> None:
+        self._spool = spool
+        self._route = route
+        self._started = started
+        self.request_id = request_id.decode("latin-1")
+        self.runtime: KeyRuntime | None = None
+        """The key, once authenticated: the record's attribution."""
+        self.request: Prepared | None = None
+        """The request, once read and resolved."""
+        self.settled = False
+        # Raises SpoolError when nothing can be written: the caller refuses the request.
+        spool.append(
+            SpendRecord(
+                id="",
+                kind=RecordKind.ADMIT,
+                replica_id="",
+                seq=0,
+                request_id=self.request_id,
+                at="",
+                route=route,
+            )
+        )
+
+    def settle(self, outcome: Outcome, status: int, error_code: str | None, now: float) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        try:
+            self._spool.append(self._outcome_record(outcome, status, error_code, now))
+        except SpoolError:
+            # The answer is (being) given; the loss is logged loudly, never the request itself.
+            log.error(
+                "spend record lost: request_id=%s route=%s (spool not writable)",
+                self.request_id,
+                self._route,
+            )
+
+    def _outcome_record(
+        self, outcome: Outcome, status: int, error_code: str | None, now: float
+    ) -> SpendRecord:
+        served = 200 <= status < 300
+        record = SpendRecord(
+            id="",
+            kind=RecordKind.CONFIRM if served else RecordKind.FAIL,
+            replica_id="",
+            seq=0,
+            request_id=self.request_id,
+            at="",
+            route=self._route,
+            status=status,
+            error_code=error_code,
+            refused=not served and outcome.calls == 0,
+            cancelled=outcome.cancelled,
+            attempts=outcome.calls,
+            latency_ms=round((now - self._started) * 1000, 3),
+        )
+        if outcome.first_byte_at is not None:
+            record.ttfb_ms = round((outcome.first_byte_at - self._started) * 1000, 3)
+        runtime, request = self.runtime, self.request
+        if runtime is not None:
+            record.organization_id = runtime.organization_id
+            record.team_id = runtime.team_id
+            record.project_id = runtime.project_id
+            record.virtual_key_id = runtime.vk_id
+        if request is not None:
+            record.model = request.model
+            record.end_user = request.end_user
+            record.stream = request.exchange.stream
+        upstream = outcome.upstream
+        if upstream is None and outcome.causes:
+            # Not served: the ledger attributes the failure to the last credential tried.
+            record.provider_id = outcome.causes[-1].provider_id
+        elif upstream is not None:
+            record.provider_id = upstream.provider_id
+            record.provider_kind = upstream.kind
+            record.upstream_model = upstream.model
+            record.served_model = outcome.served_model or upstream.model
+        usage = outcome.usage
+        if usage is not None:
+            _count(record, usage)
+            record.usage_source = UsageSource.PROVIDER
+        elif served and request is not None:
+            # The provider said nothing of usage: estimated, and the record says so.
+            record.input_tokens = estimate_tokens(request.body.decode("utf-8", "replace"))
+            record.output_tokens = outcome.estimated_output_tokens
+            record.usage_source = UsageSource.ESTIMATED
+        return record
+
+
+def _count(record: SpendRecord, usage: TokenUsage) -> None:
+    record.cache_read_tokens = max(usage.cache_read_tokens, 0)
+    record.cache_write_tokens = max(usage.cache_write_tokens, 0)
+    record.reasoning_tokens = max(usage.reasoning_tokens, 0)
+    # The record's convention, held even when a provider's numbers are not self-consistent:
+    # input counts cache reads and writes, output counts reasoning.
+    record.input_tokens = max(
+        usage.input_tokens, record.cache_read_tokens + record.cache_write_tokens
+    )
+    record.output_tokens = max(usage.output_tokens, record.reasoning_tokens)
