@@ -10,6 +10,7 @@ another cooldown. A 429 is not a failure (the credential works, it is busy), but
 from __future__ import annotations
 
 from collections import deque
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
@@ -125,10 +126,12 @@ def parse_retry_after(value: bytes | None, clock: Clock) -> float:
     except ValueError:
         try:
             moment = parsedate_to_datetime(text)
-        except (TypeError, ValueError):
+            if moment.tzinfo is None:  # "-0000": UTC by RFC 5322, not local time
+                moment = moment.replace(tzinfo=UTC)
+            # An HTTP date is wall time; it becomes a delay, counted on the monotonic clock.
+            seconds = moment.timestamp() - clock.now().timestamp()
+        except (TypeError, ValueError, OverflowError):
             return 0.0
-        # An HTTP date is wall time; it becomes a delay, counted on the monotonic clock.
-        seconds = moment.timestamp() - clock.now().timestamp()
     if seconds != seconds or seconds <= 0:  # NaN or past
         return 0.0
     return min(seconds, MAX_RETRY_AFTER_S)

@@ -53,6 +53,9 @@ _REFUSED_BY_STATUS = {
 }
 
 
+SHIP_TIMEOUT_S = 60.0
+
+
 class ControlPlaneClient:
     def __init__(
         self,
@@ -154,7 +157,8 @@ class ControlPlaneClient:
         it again cannot help. `Unreachable` for anything else, a refused signature included:
         the segment is fine and is sent again later.
         """
-        response = await self._send("POST", SPEND_COMMANDS_PATH, segment)
+        # A large segment takes the ledger a while: a short timeout would only ship it again.
+        response = await self._send("POST", SPEND_COMMANDS_PATH, segment, timeout_s=SHIP_TIMEOUT_S)
         status = response.status_code
         if status in _SEGMENT_REFUSED:
             raise Refused(_SEGMENT_REFUSED[status], _error_message(response))

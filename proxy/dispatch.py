@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,6 +70,8 @@ class _Committed:
 
     upstream: Upstream
     reply: Reply
+    data: bytes | None = None
+    """A plain answer's whole body, read before it was committed to."""
     first: bytes = b""
     rest: AsyncIterator[bytes] | None = None
 
@@ -86,7 +89,15 @@ def _failure_code(exc: BaseException) -> ErrorCode:
 class _Walk:
     """One walk down a chain; holds a lone provider 429 in case it is the only answer."""
 
-    __slots__ = ("_breakers", "_exchange", "_headers", "_held", "_outcome", "_recheck")
+    __slots__ = (
+        "_breakers",
+        "_exchange",
+        "_headers",
+        "_held",
+        "_outcome",
+        "_recheck",
+        "_untranslatable",
+    )
 
     def __init__(
         self,
@@ -102,6 +113,9 @@ class _Walk:
         self._recheck = recheck
         self._outcome = outcome
         self._held: tuple[Upstream, Reply] | None = None
+        self._untranslatable: ProxyError | None = None
+        """The first 400 a credential of the other format gave the request: the answer when
+        no credential could take it."""
 
     async def first_answer(self, chain: tuple[Upstream, ...]) -> _Committed:
         """The first reply worth giving the client: a 2xx or a provider's own 4xx.
@@ -120,7 +134,7 @@ class _Walk:
                 # The one provider called refused with a 429: its own answer, passed through.
                 outcome.causes.pop()
                 return _Committed(*held)
-            raise _exhausted(outcome.causes, self._breakers)
+            raise _exhausted(outcome.causes, self._breakers, self._untranslatable)
         finally:
             if self._held is not None:
                 self._held[1].close()
@@ -151,7 +165,16 @@ class _Walk:
         self, upstream: Upstream, operation: Operation, breaker: CircuitBreaker
     ) -> _Committed | None:
         outcome, exchange = self._outcome, self._exchange
-        body = exchange.body_for(upstream)
+        try:
+            body = exchange.body_for(upstream)
+        except ProxyError as exc:
+            # The request has a field this credential's format has no place for: another
+            # credential of the chain may still take it.
+            breaker.released()
+            outcome.causes.append(_cause(upstream, None, ErrorCode.INVALID_REQUEST))
+            if self._untranslatable is None:
+                self._untranslatable = exc
+            return None
         headers = {**upstream.headers, **self._headers}
         if exchange.same_format_headers and upstream.wire is exchange.client:
             headers.update(exchange.same_format_headers)
@@ -174,9 +197,18 @@ class _Walk:
             reply.close()
             self._failed(upstream, breaker, status, ErrorCode.PROVIDER_ERROR)
             return None
-        if not self._exchange.stream or status >= 300:
+        if not exchange.stream or status >= 300:
+            # Read whole before committing: a provider that breaks off its answer is fallen
+            # through like one that never answered; nothing reached the client yet.
+            try:
+                data = await reply.read()
+            except _CALL_FAILURES as exc:
+                self._failed(upstream, breaker, status, _failure_code(exc))
+                return None
+            finally:
+                reply.close()
             breaker.succeeded()
-            return _Committed(upstream, reply)
+            return _Committed(upstream, reply, data=data)
         rest = reply.chunks()
         try:
             first = await _first_chunk(rest)
@@ -187,8 +219,13 @@ class _Walk:
         except BaseException:
             reply.close()
             raise
+        if not first:
+            # A 200 with an empty stream answered nothing: fallen through, counted a failure.
+            reply.close()
+            self._failed(upstream, breaker, status, ErrorCode.PROVIDER_ERROR)
+            return None
         breaker.succeeded()
-        return _Committed(upstream, reply, first, rest)
+        return _Committed(upstream, reply, first=first, rest=rest)
 
     def _failed(
         self, upstream: Upstream, breaker: CircuitBreaker, status: int | None, code: ErrorCode
@@ -205,25 +242,31 @@ class _Walk:
 
 
 async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
-    """The stream's first non-empty chunk, or b"" for a stream that ends at once."""
+    """The stream's first non-empty chunk, or b"" for a stream that ends without one."""
     async for chunk in chunks:
         if chunk:
             return chunk
     return b""
 
 
-def _exhausted(causes: list[Cause], breakers: Breakers) -> ProxyError:
+def _exhausted(
+    causes: list[Cause], breakers: Breakers, untranslatable: ProxyError | None
+) -> ProxyError:
     """The error for a chain none of whose credentials answered; it keeps every cause."""
     codes = {cause.code for cause in causes}
     headers: tuple[tuple[bytes, bytes], ...] = ()
     waits = [breakers[cause.provider_id].retry_after_s() for cause in causes]
     if waits and min(waits) > 0:
-        headers = ((b"retry-after", str(max(1, round(min(waits) + 0.4999))).encode()),)
-    if codes == {ErrorCode.CIRCUIT_OPEN}:
+        headers = ((b"retry-after", str(max(1, math.ceil(min(waits)))).encode()),)
+    if untranslatable is not None and codes <= _NOT_FOR_THIS_REQUEST:
+        # No credential could take the request as it is: the client's to change.
+        untranslatable.causes = causes
+        error = untranslatable
+    elif codes == {ErrorCode.UNSUPPORTED_OPERATION}:
         error = ProxyError(
-            ErrorCode.CIRCUIT_OPEN,
-            "every provider for this model is failing; calls are paused (circuit open)",
-            headers=headers,
+            ErrorCode.INVALID_REQUEST,
+            "no provider for this model serves this route",
+            param="model",
             causes=causes,
         )
     elif codes == {ErrorCode.PROVIDER_RATE_LIMITED}:
@@ -233,15 +276,16 @@ def _exhausted(causes: list[Cause], breakers: Breakers) -> ProxyError:
             headers=headers,
             causes=causes,
         )
-    elif codes == {ErrorCode.UNSUPPORTED_OPERATION}:
+    elif codes <= {ErrorCode.CIRCUIT_OPEN, ErrorCode.PROVIDER_RATE_LIMITED}:
         error = ProxyError(
-            ErrorCode.INVALID_REQUEST,
-            "no provider for this model serves this route",
-            param="model",
+            ErrorCode.CIRCUIT_OPEN,
+            "every provider for this model is failing or rate limited; calls are paused",
+            headers=headers,
             causes=causes,
         )
-    elif len(causes) == 1:
-        error = ProxyError(causes[0].code, _told(causes[0]), causes=causes)
+    elif len(causes) == 1 or codes == {ErrorCode.PROVIDER_TIMEOUT}:
+        code = causes[0].code if len(causes) == 1 else ErrorCode.PROVIDER_TIMEOUT
+        error = ProxyError(code, "; ".join(_told(c) for c in causes), causes=causes)
     else:
         error = ProxyError(
             ErrorCode.CHAIN_EXHAUSTED,
@@ -256,7 +300,9 @@ def _exhausted(causes: list[Cause], breakers: Breakers) -> ProxyError:
     return error
 
 
+_NOT_FOR_THIS_REQUEST = frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_OPERATION})
 _TOLD = {
+    ErrorCode.INVALID_REQUEST: "cannot take this request in its format",
     ErrorCode.PROVIDER_TIMEOUT: "did not answer in time",
     ErrorCode.PROVIDER_RATE_LIMITED: "is rate limiting (429)",
     ErrorCode.CIRCUIT_OPEN: "is paused (circuit open)",
@@ -330,16 +376,18 @@ class Dispatcher:
         if committed.rest is not None:
             await self._stream(exchange, committed, fallbacks, receive, send, request_id, outcome)
             return
-        data = await _read(upstream, reply)
-        answer = exchange.answer(upstream, reply.status, data)
-        outcome.usage, outcome.served_model = answer.usage, answer.model
-        if answer.usage is None and reply.status < 300:
+        data = committed.data
+        if data is None:  # a lone 429, passed through
+            data = await _read(upstream, reply)
+        outcome.usage, outcome.served_model = exchange.usage_of(upstream, reply.status, data)
+        if outcome.usage is None and reply.status < 300:
             outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
+        body = exchange.render(upstream, reply.status, data)
         content_type = reply.content_type if upstream.wire is exchange.client else JSON
         headers_out = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
         outcome.first_byte_at = self._now()
         outcome.answered()
-        await respond(send, reply.status, answer.data, headers_out)
+        await respond(send, reply.status, body, headers_out)
 
     async def _stream(
         self,
@@ -392,16 +440,20 @@ class Dispatcher:
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             async for chunk in committed.rest:
-                outcome.estimated_output_tokens += 1
+                # One event is about one token for a provider that reports no usage.
+                outcome.estimated_output_tokens += chunk.count(b"\n\n") or 1
                 data = pipe.feed(chunk)
                 if data:
                     await send({"type": "http.response.body", "body": data, "more_body": True})
             tail = pipe.finish()
+            if pipe.errored:
+                # The provider said so in its stream (an error event, or an early end).
+                outcome.broke = True
+                self._count_failure(upstream)
         except _CALL_FAILURES as exc:
             # Headers went out: the error travels in the stream, in the client's format.
             outcome.broke = True
-            if self._breakers[upstream.provider_id].failed():
-                log.warning("breaker_opened provider=%s", upstream.provider_id)
+            self._count_failure(upstream)
             error = ProxyError(
                 _failure_code(exc), "the provider's stream broke off before it finished"
             )
@@ -411,6 +463,10 @@ class Dispatcher:
         outcome.usage, outcome.served_model = pipe.usage, pipe.model
         outcome.answered()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _count_failure(self, upstream: Upstream) -> None:
+        if self._breakers[upstream.provider_id].failed():
+            log.warning("breaker_opened provider=%s", upstream.provider_id)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -8,6 +8,7 @@ served model are read off the provider's answer for the spend record.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -21,6 +22,12 @@ from proxy.translate import anthropic_openai, openai_anthropic
 from proxy.usage import TokenUsage
 
 _CHAT_OPERATION = {WireFormat.OPENAI: Operation.CHAT, WireFormat.ANTHROPIC: Operation.MESSAGES}
+_MAX_TOKENS: defaultdict[str, str] = defaultdict(
+    lambda: "max_tokens",
+    # OpenAI's own API (and Azure's) refuses `max_tokens` for reasoning models.
+    openai="max_completion_tokens",
+    azure_openai="max_completion_tokens",
+)
 
 
 class StreamPipe(Protocol):
@@ -32,20 +39,14 @@ class StreamPipe(Protocol):
     @property
     def model(self) -> str | None: ...
 
+    @property
+    def errored(self) -> bool:
+        """The provider's stream reported an error or ended before it finished."""
+        ...
+
     def feed(self, data: bytes) -> bytes: ...
 
     def finish(self) -> bytes: ...
-
-
-class Answer:
-    """A plain answer as the client gets it, with what the spend record needs."""
-
-    __slots__ = ("data", "model", "usage")
-
-    def __init__(self, data: bytes, usage: TokenUsage | None, model: str | None) -> None:
-        self.data = data
-        self.usage = usage
-        self.model = model
 
 
 class Exchange(Protocol):
@@ -60,7 +61,16 @@ class Exchange(Protocol):
 
     def body_for(self, upstream: Upstream) -> bytes: ...
 
-    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer: ...
+    def usage_of(
+        self, upstream: Upstream, status: int, data: bytes
+    ) -> tuple[TokenUsage | None, str | None]:
+        """What a plain answer used, and the model that served it: read before `render`, so a
+        paid answer that cannot be rendered is still accounted for."""
+        ...
+
+    def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
+        """A plain answer (or a provider's error) in the client's format."""
+        ...
 
     def pipe(self, upstream: Upstream) -> StreamPipe: ...
 
@@ -80,6 +90,8 @@ class _OpenAIStream:
     @property
     def model(self) -> str | None:
         return self._filter.model
+
+    errored = False
 
     def feed(self, data: bytes) -> bytes:
         return self._filter.feed(data)
@@ -103,6 +115,8 @@ class _AnthropicStream:
     @property
     def model(self) -> str | None:
         return self._tap.model
+
+    errored = False
 
     def feed(self, data: bytes) -> bytes:
         self._tap.feed(data)
@@ -171,30 +185,31 @@ class ChatExchange:
             if self.client is WireFormat.OPENAI:
                 translated = openai_anthropic.request(self._body, upstream.model)
             else:
-                translated = anthropic_openai.request(self._body, upstream.model)
+                translated = anthropic_openai.request(
+                    self._body, upstream.model, max_tokens_field=_MAX_TOKENS[upstream.kind]
+                )
             self._translated[key] = translated
         return translated
 
-    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer:
-        provider = upstream.wire
+    def usage_of(
+        self, upstream: Upstream, status: int, data: bytes
+    ) -> tuple[TokenUsage | None, str | None]:
         if status >= 300:
-            if provider is self.client:
-                return Answer(data, None, None)
-            translate_error = (
-                openai_anthropic.error
-                if self.client is WireFormat.OPENAI
-                else anthropic_openai.error
-            )
-            return Answer(translate_error(status, data), None, None)
-        usage, model = (
-            U.openai_answer(data) if provider is WireFormat.OPENAI else U.anthropic_answer(data)
-        )
-        if provider is not self.client:
-            if self.client is WireFormat.OPENAI:
-                data = openai_anthropic.response(data, self._created)
-            else:
-                data = anthropic_openai.response(data)
-        return Answer(data, usage, model)
+            return None, None
+        if upstream.wire is WireFormat.OPENAI:
+            return U.openai_answer(data)
+        return U.anthropic_answer(data)
+
+    def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
+        if upstream.wire is self.client:
+            return data
+        if self.client is WireFormat.OPENAI:
+            if status >= 300:
+                return openai_anthropic.error(status, data)
+            return openai_anthropic.response(data, self._created)
+        if status >= 300:
+            return anthropic_openai.error(status, data)
+        return anthropic_openai.response(data)
 
     def pipe(self, upstream: Upstream) -> StreamPipe:
         if upstream.wire is self.client:
@@ -224,11 +239,13 @@ class EmbeddingsExchange:
     def body_for(self, upstream: Upstream) -> bytes:
         return B.patch_model(self._body, self._requested, upstream.model_json)
 
-    def answer(self, upstream: Upstream, status: int, data: bytes) -> Answer:
-        if status >= 300:
-            return Answer(data, None, None)
-        usage, model = U.openai_answer(data)
-        return Answer(data, usage, model)
+    def usage_of(
+        self, upstream: Upstream, status: int, data: bytes
+    ) -> tuple[TokenUsage | None, str | None]:
+        return U.openai_answer(data) if status < 300 else (None, None)
+
+    def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
+        return data
 
     def pipe(self, upstream: Upstream) -> StreamPipe:
         raise AssertionError("embeddings are never streamed")

@@ -6,6 +6,7 @@ what a Python forwarder can do per second (see the contract's "Hot path").
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
@@ -182,7 +183,7 @@ class Gateway:
     async def _serve(self, route: Route, head: Head, receive: Receive, send: Send) -> None:
         """The pipeline for a paid route; spend admission wraps it, outermost."""
         spool = self._spool
-        if spool.full:
+        if spool.at_bound:
             spool.count_refused()
             raise ProxyError(
                 ErrorCode.SPEND_SPOOL_FULL,
@@ -230,6 +231,12 @@ class Gateway:
         except ClientGone:
             outcome.cancelled = True
             status, code = records.CLIENT_CLOSED, None
+            raise
+        except asyncio.CancelledError:
+            if outcome.first_byte_at is not None:
+                # Stopped mid-answer (the server shutting down): served, and cut short.
+                outcome.cancelled = True
+                status, code = outcome.status, None
             raise
         finally:
             # Exactly one outcome record per admitted request, whatever happened; a refusal's

@@ -168,9 +168,15 @@ def to_csv(fields: Sequence[str], rows: Iterable[dict[str, Any]]) -> bytes:
     return out.getvalue().encode()
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        # Client-chosen text (an end-user id) must not run as a spreadsheet formula.
+        return "'" + value
     return str(value)

@@ -108,6 +108,7 @@ class SpoolDrainer:
     async def step(self) -> float:
         """One pass: seal if due, ship if not backing off; the seconds until the next is due."""
         now = self._clock.monotonic()
+        self._spool.retry_writable()
         await self._seal_if_due()
         if now >= self._next_ship:
             if await self.ship_ready():

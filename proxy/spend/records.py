@@ -8,6 +8,7 @@ that the client left is still confirmed, with the usage seen until then and a fl
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from proxy.spend.estimate import estimate_tokens
@@ -115,10 +116,20 @@ class Ticket:
             record.usage_source = UsageSource.PROVIDER
         elif served and request is not None:
             # The provider said nothing of usage: estimated, and the record says so.
-            record.input_tokens = estimate_tokens(request.body.decode("utf-8", "replace"))
+            record.input_tokens = estimate_tokens(_prompt_text(request.body))
             record.output_tokens = outcome.estimated_output_tokens
             record.usage_source = UsageSource.ESTIMATED
         return record
+
+
+_INLINE_DATA = re.compile(rb'"data:[^"]{64,}"')
+_INLINE_DATA_TOKENS = b'"(inline data)"'
+
+
+def _prompt_text(body: bytes) -> str:
+    """The request for a token estimate: inline images and files (base64 `data:` URLs) stand in
+    as a few tokens instead of hundreds of thousands."""
+    return _INLINE_DATA.sub(_INLINE_DATA_TOKENS, body).decode("utf-8", "replace")
 
 
 def _count(record: SpendRecord, usage: TokenUsage) -> None:

@@ -359,6 +359,25 @@ class SpendSpool:
             return True
         return self._policy is FullPolicy.REFUSE and self._bytes >= self._full_at
 
+    @property
+    def at_bound(self) -> bool:
+        """Over the bound under the refuse policy: new requests are refused."""
+        return self._policy is FullPolicy.REFUSE and self._bytes >= self._full_at
+
+    def retry_writable(self) -> None:
+        """After a failed write, try again (the drainer does, every pass): a segment is reopened
+        if need be and the spool counts as writable, so the next append is the real probe."""
+        if self._unwritable is None or self._closed:
+            return
+        try:
+            if self._fd < 0:
+                self._open_segment()
+        except OSError as exc:
+            self._unwritable = str(exc)
+            return
+        self._unwritable = None
+        log.info("the spend spool will try writing again")
+
     def count_refused(self) -> None:
         """Count a request the gateway refused because the spool was `full`."""
         self.refused_when_full += 1

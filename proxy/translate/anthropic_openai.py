@@ -162,8 +162,12 @@ _tool_kind = msgspec.json.Decoder(_ToolKind)
 _tool = msgspec.json.Decoder(_Tool)
 
 
-def request(body: bytes, model: str) -> bytes:
-    """An Anthropic Messages request as an OpenAI chat completions request for `model`."""
+def request(body: bytes, model: str, *, max_tokens_field: str = "max_tokens") -> bytes:
+    """An Anthropic Messages request as an OpenAI chat completions request for `model`.
+
+    `max_tokens_field` is `max_completion_tokens` for OpenAI's own API (its reasoning models
+    refuse `max_tokens`); servers that merely speak OpenAI's API know `max_tokens`.
+    """
     fields = request_fields(_request, body, OPENAI)
     for name in ("top_k", "container", "mcp_servers"):
         if getattr(fields, name) is not None:
@@ -183,7 +187,11 @@ def request(body: bytes, model: str) -> bytes:
             messages.extend(_user_turn(message.content, at))
         else:
             messages.append(_assistant_turn(message.content, at))
-    out: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": fields.max_tokens}
+    out: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        max_tokens_field: fields.max_tokens,
+    }
     if fields.temperature is not None:
         out["temperature"] = fields.temperature
     if fields.top_p is not None:

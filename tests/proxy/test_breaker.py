@@ -133,3 +133,16 @@ def test_breakers_are_per_credential() -> None:
     assert breakers["a"].state is BreakerState.OPEN
     assert breakers["b"].state is BreakerState.CLOSED
     assert breakers.states() == {"a": BreakerState.OPEN, "b": BreakerState.CLOSED}
+
+
+def test_retry_after_as_an_http_date_without_a_zone_is_utc() -> None:
+    clock = ManualClock()
+    from datetime import timedelta
+
+    moment = clock.now().replace(microsecond=0) + timedelta(seconds=90)
+    value = moment.strftime("%a, %d %b %Y %H:%M:%S -0000").encode()
+    assert parse_retry_after(value, clock) == pytest.approx(90, abs=1)
+
+
+def test_retry_after_with_an_impossible_date_is_ignored() -> None:
+    assert parse_retry_after(b"Mon, 01 Jan 0001 00:00:00 GMT", ManualClock()) == 0.0

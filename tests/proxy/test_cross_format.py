@@ -24,6 +24,8 @@ CLAUDE = "claude"
 GPT = "gpt"
 """An alias routed to the OpenAI-format provider."""
 AZURE = "azure"
+EITHER = "either"
+"""An alias whose chain is the Anthropic provider, then the OpenAI-format one."""
 CLAUDE_MODEL = "claude-sonnet-4-5"
 GPT_MODEL = "gpt-4o-mini-2024-07-18"
 HELLO: Any = [{"role": "user", "content": "hello"}]
@@ -87,7 +89,12 @@ async def both(
     policy = await add_policy(
         client,
         org,
-        {CLAUDE: [(claude, CLAUDE_MODEL)], GPT: [(gpt, GPT_MODEL)], AZURE: [(azure, "prod-4o")]},
+        {
+            CLAUDE: [(claude, CLAUDE_MODEL)],
+            GPT: [(gpt, GPT_MODEL)],
+            AZURE: [(azure, "prod-4o")],
+            EITHER: [(claude, CLAUDE_MODEL), (gpt, GPT_MODEL)],
+        },
     )
     tenant = Tenant(org, project, claude, policy, "", "")
     _, key = await add_key(client, tenant)
@@ -346,3 +353,16 @@ async def test_openai_sdk_through_an_azure_deployment(both: Both) -> None:
     assert sent.query["api-version"] == "2024-10-21"
     assert sent.header("api-key") == both.gpt.api_key
     assert sent.header("authorization") is None
+
+
+async def test_a_request_the_first_credential_cannot_take_goes_to_one_that_can(
+    both: Both,
+) -> None:
+    async with both.openai() as sdk:
+        reply = await sdk.chat.completions.with_raw_response.create(
+            model=EITHER, messages=HELLO, n=2
+        )
+    assert reply.status_code == 200
+    assert reply.headers["x-vkgate-provider"] == "gpt"
+    assert reply.headers["x-vkgate-fallback-count"] == "1"
+    assert both.claude.received == []

@@ -268,3 +268,15 @@ async def test_no_failover_once_a_stream_started_it_ends_with_an_error_event(
     assert len(events) == 3, events
     assert '"error"' in events[-1] and '"code":"provider_error"' in events[-1]
     assert chain.calls() == {"a": 1, "b": 0}
+
+
+async def test_a_chain_that_only_timed_out_is_a_504_with_every_cause(
+    client: httpx.AsyncClient, app: Litestar, clock: ManualClock, stack: AsyncExitStack
+) -> None:
+    chain = await build_chain(client, app, clock, stack, names=("a", "b"), first_byte_timeout_s=0.2)
+    chain.fakes["a"].stall_s = chain.fakes["b"].stall_s = 2.0
+    response = await chain.chat()
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["code"] == "provider_timeout"
+    assert [a["code"] for a in error["attempts"]] == ["provider_timeout", "provider_timeout"]

@@ -98,6 +98,7 @@ class Tenant:
 
     project: str
     policy: str
+    org: str = ""
 
 
 def admin_create(controlplane: Service, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +129,7 @@ def make_tenant(controlplane: Service) -> Tenant:
             "aliases": {CHAT_ALIAS: [{"provider_id": provider, "model": "mock-chat"}]},
         },
     )["id"]
-    return Tenant(project, policy)
+    return Tenant(project, policy, org)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ SIGKILL in the middle of a load. Nothing answered is lost, nothing is counted tw
 from __future__ import annotations
 
 import asyncio
-import secrets
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from tests.proxy.conftest import (
     proxy_settings,
     serve_proxy,
 )
-from tests.proxy.test_processes import admin_create, proxy_env
+from tests.proxy.test_processes import make_tenant, new_key, proxy_env
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from tests.support.env import secrets_env
@@ -59,9 +58,7 @@ class AckLosingTransport(TappedTransport):
 
 
 async def requests_in_report(client: httpx.AsyncClient, org: str) -> dict[str, Any]:
-    response = await client.get(
-        "/api/spend/report", params={"organization_id": org}, headers=ADMIN
-    )
+    response = await client.get("/api/spend/report", params={"organization_id": org}, headers=ADMIN)
     assert response.status_code == 200, response.text
     totals: dict[str, Any] = response.json()["totals"]
     return totals
@@ -137,36 +134,6 @@ def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield service
 
 
-def mock_tenant(controlplane: Service) -> tuple[str, str]:
-    """An organization whose `chat` alias is the offline mock provider: (org id, key)."""
-    org = admin_create(
-        controlplane, "/api/admin/organizations", {"name": f"kill-{secrets.token_hex(4)}"}
-    )["id"]
-    project = admin_create(
-        controlplane, "/api/admin/projects", {"organization_id": org, "name": "p"}
-    )["id"]
-    provider = admin_create(
-        controlplane,
-        "/api/admin/providers",
-        {"organization_id": org, "name": "offline", "kind": "mock"},
-    )["id"]
-    policy = admin_create(
-        controlplane,
-        "/api/admin/routing-policies",
-        {
-            "organization_id": org,
-            "name": "default",
-            "aliases": {CHAT_ALIAS: [{"provider_id": provider, "model": "mock-chat"}]},
-        },
-    )["id"]
-    key = admin_create(
-        controlplane,
-        "/api/admin/virtual-keys",
-        {"project_id": project, "name": "app", "routing_policy_id": policy},
-    )["key"]
-    return org, key
-
-
 async def load_until(proxy: Service, key: str, answered: list[str], enough: int) -> None:
     """Eight clients sending requests until the proxy stops answering; `answered` collects the
     request ids of every complete 200 answer."""
@@ -213,7 +180,8 @@ def ledger_request_ids(controlplane: Service, org: str) -> list[str]:
 async def test_a_proxy_killed_mid_load_loses_no_answered_request(
     controlplane: Service, tmp_path: Path
 ) -> None:
-    org, key = mock_tenant(controlplane)
+    tenant = make_tenant(controlplane)
+    org, key = tenant.org, new_key(controlplane, tenant).key
     port = free_port()
     env = proxy_env(
         controlplane.url,

@@ -74,10 +74,12 @@ async def spending(
     fake_anthropic: FakeAnthropic,
 ) -> AsyncIterator[tuple[RunningProxy, Tenant]]:
     org = (await create(client, "/api/admin/organizations", {"name": "spender"}))["id"]
-    project = (
-        await create(client, "/api/admin/projects", {"organization_id": org, "name": "p"})
-    )["id"]
-    gpt = await add_provider(client, org, "gpt", fake_openai.url, fake_openai.api_key, kind="openai")
+    project = (await create(client, "/api/admin/projects", {"organization_id": org, "name": "p"}))[
+        "id"
+    ]
+    gpt = await add_provider(
+        client, org, "gpt", fake_openai.url, fake_openai.api_key, kind="openai"
+    )
     claude = await add_provider(
         client, org, "claude", fake_anthropic.url, fake_anthropic.api_key, kind="anthropic"
     )
@@ -165,9 +167,7 @@ async def test_every_request_lands_in_the_ledger_once_priced(
     expected = sum(priced_nanos(model, provider, u) for model, provider, u in usages)
     assert Decimal(totals["cost_usd"]) * NANO == expected
 
-    by_model = {
-        row["model"]: row for row in (await report(client, tenant.org, "model"))["rows"]
-    }
+    by_model = {row["model"]: row for row in (await report(client, tenant.org, "model"))["rows"]}
     assert by_model["gpt"]["requests"] == 5 and by_model["claude"]["requests"] == 2
 
 

@@ -327,6 +327,25 @@ class TestWriteFailures:
         assert not spool.full and spool.writable
         spool.close()
 
+    def test_a_spool_that_could_not_write_is_tried_again_by_the_drainers_pass(
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        spool.append(record("before"))
+        real_write = os.write
+        monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:40])))
+        with pytest.raises(SpoolError):
+            spool.append(record("torn"))
+        monkeypatch.undo()
+        assert not spool.writable and spool.full
+        assert not spool.at_bound, "not over the bound: the gateway lets an append probe"
+        spool.retry_writable()
+        assert spool.writable and not spool.full
+        after = record("after")
+        spool.append(after)
+        assert after.seq == 2
+        spool.close()
+
     def test_a_short_write_is_never_glued_to_the_next_record(
         self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
     ) -> None:
