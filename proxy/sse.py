@@ -18,9 +18,6 @@ _TERMINATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _SIZES = tuple(len(terminator) for terminator in _TERMINATORS)
 _LONGEST = max(_SIZES)
 
-Usage = OpenAIUsage
-"""The name this module gave OpenAI's usage object before usage became `TokenUsage`."""
-
 
 class _Chunk(msgspec.Struct):
     choices: list[msgspec.Raw] = []

@@ -79,6 +79,8 @@ async def test_control_plane_down_then_back_loses_and_doubles_nothing(
     async with serve_proxy(None, clock, settings, control_transport=road) as proxy:
         running: Running = proxy.app.state["running"]
         assert running.spool is not None and running.drainer is not None
+        # Keys cached before the change feed has its starting point are dropped when it gets one.
+        await proxy.following_changes()
         await chat(proxy, tenant.key, 1)  # the key is cached from here on
         road.cut = True
         await chat(proxy, tenant.key, 5)
