@@ -169,7 +169,8 @@ class ChatExchange:
         self._with_usage = with_usage
         """The OpenAI body asking a stream for usage (the body itself when not streaming)."""
         self._created = created
-        self._translated: dict[tuple[WireFormat, bytes], bytes] = {}
+        self._translated: dict[tuple[WireFormat, bytes], bytes] | None = None
+        """Made only when a credential of the other format is tried (not on the common path)."""
 
     def operation(self, upstream: Upstream) -> Operation:
         return _CHAT_OPERATION[upstream.wire]
@@ -179,6 +180,8 @@ class ChatExchange:
             source = self._with_usage if upstream.stream_usage else self._body
             return B.patch_model(source, self._requested, upstream.model_json)
         key = (upstream.wire, upstream.model_json)
+        if self._translated is None:
+            self._translated = {}
         translated = self._translated.get(key)
         if translated is None:
             # Raises a 400 naming the field when the other format has no place for it.

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.env import ADMIN_TOKEN, secrets_env
-from tests.support.processes import clean_env, free_port, running, vkgate
+from tests.support.env import ADMIN_TOKEN
+from tests.support.processes import clean_env, free_port, sqlite_controlplane, vkgate
 
 PROVIDER_CREDENTIAL = "sk-cli-test-credential-4f9a2c"
 ROTATED_CREDENTIAL = "sk-cli-test-credential-rotated-88b1"
@@ -21,16 +21,7 @@ ROTATED_CREDENTIAL = "sk-cli-test-credential-rotated-88b1"
 @pytest.fixture(scope="module")
 def controlplane_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One migrated control plane on SQLite, shared by this module's tests."""
-    home = tmp_path_factory.mktemp("cli-controlplane")
-    port = free_port()
-    env = clean_env(
-        **secrets_env(f"sqlite:///{home / 'controlplane.db'}"),
-        VKGATE_HOME=str(home),
-        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
-    )
-    with running(
-        ["controlplane", "--migrate"], env=env, port=port, log=home / "controlplane.log"
-    ) as service:
+    with sqlite_controlplane(tmp_path_factory.mktemp("cli-controlplane")) as service:
         yield service.url
 
 

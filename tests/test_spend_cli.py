@@ -14,9 +14,9 @@ import httpx
 import msgspec
 import pytest
 
-from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET, secrets_env
+from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET
 from tests.support.ledger import SPEND_COMMANDS, request, segment
-from tests.support.processes import clean_env, free_port, running, vkgate
+from tests.support.processes import clean_env, sqlite_controlplane, vkgate
 from vkgate import signing
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -26,16 +26,7 @@ DAY = datetime(2026, 3, 9, 10, 0, tzinfo=UTC)
 @pytest.fixture(scope="module")
 def controlplane_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A control plane on SQLite with its own embedded ledger, migrated by --migrate."""
-    home = tmp_path_factory.mktemp("spend-cli")
-    port = free_port()
-    env = clean_env(
-        **secrets_env(f"sqlite:///{home / 'controlplane.db'}"),
-        VKGATE_HOME=str(home),
-        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
-    )
-    with running(
-        ["controlplane", "--migrate"], env=env, port=port, log=home / "controlplane.log"
-    ) as service:
+    with sqlite_controlplane(tmp_path_factory.mktemp("spend-cli")) as service:
         yield service.url
 
 

@@ -26,12 +26,11 @@ from tests.proxy.conftest import (
 from tests.proxy.test_processes import make_tenant, new_key, proxy_env
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
-from tests.support.env import secrets_env
 from tests.support.processes import (
     Service,
-    clean_env,
     free_port,
     running,
+    sqlite_controlplane,
     start,
     stop,
     wait_until_healthy,
@@ -119,20 +118,7 @@ async def test_an_acknowledgement_lost_in_transit_ships_again_without_doubling(
 @pytest.fixture(scope="module")
 def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A control plane process with its own SQLite database and embedded ledger."""
-    workdir = tmp_path_factory.mktemp("spend-faults")
-    port = free_port()
-    env = clean_env(
-        **secrets_env(f"sqlite:///{workdir / 'controlplane.db'}"),
-        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
-        VKGATE_HOME=str(workdir),
-    )
-    with running(
-        ["controlplane", "--migrate"],
-        env=env,
-        port=port,
-        log=workdir / "controlplane.log",
-        cwd=workdir,
-    ) as service:
+    with sqlite_controlplane(tmp_path_factory.mktemp("spend-faults")) as service:
         yield service
 
 

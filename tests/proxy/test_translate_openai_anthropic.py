@@ -18,6 +18,7 @@ from proxy.errors import ProxyError
 from proxy.translate import anthropic_openai, openai_anthropic
 from proxy.translate.openai_anthropic import DEFAULT_MAX_TOKENS, StreamTranslator
 from proxy.usage import TokenUsage
+from tests.support.streams import cuts
 from vkgate.errors import ErrorCode
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -887,13 +888,6 @@ def test_chunks_are_the_same_fed_one_byte_at_a_time(name: str) -> None:
     stream = sample(name)
     whole, _ = translated([stream])
     assert translated([stream[i : i + 1] for i in range(len(stream))])[0] == whole
-
-
-def cuts(stream: bytes) -> st.SearchStrategy[list[bytes]]:
-    points = st.lists(st.integers(0, len(stream)), max_size=30).map(sorted)
-    return points.map(
-        lambda at: [stream[a:b] for a, b in zip([0, *at], [*at, len(stream)], strict=True)]
-    )
 
 
 @pytest.mark.parametrize("name", STREAMS)

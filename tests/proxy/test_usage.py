@@ -22,6 +22,7 @@ from proxy.usage import (
     from_openai,
     openai_answer,
 )
+from tests.support.streams import cuts
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -206,14 +207,6 @@ def test_stream_usage_is_the_same_for_a_cut_at_every_byte() -> None:
         watcher = watched([stream[:cut], stream[cut:]])
         assert watcher.usage == TokenUsage(input_tokens=12, output_tokens=10), f"cut at {cut}"
         assert watcher.model == "claude-sonnet-4-5-20250929"
-
-
-def cuts(stream: bytes) -> st.SearchStrategy[list[bytes]]:
-    """`stream` cut at any set of places."""
-    points = st.lists(st.integers(0, len(stream)), max_size=40).map(sorted)
-    return points.map(
-        lambda at: [stream[a:b] for a, b in zip([0, *at], [*at, len(stream)], strict=True)]
-    )
 
 
 @pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])

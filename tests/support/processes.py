@@ -167,3 +167,20 @@ def banner_value(output: str, label: str) -> str:
     match = re.search(rf"^\s*{label}\s+(\S+)", output, re.MULTILINE)
     assert match, f"no {label!r} line in:\n{output}"
     return match.group(1)
+
+
+@contextmanager
+def sqlite_controlplane(home: Path) -> Iterator[Service]:
+    """`vkgate controlplane --migrate` on a SQLite database and an embedded ledger in `home`."""
+    from tests.support.env import secrets_env
+
+    port = free_port()
+    env = clean_env(
+        **secrets_env(f"sqlite:///{home / 'controlplane.db'}"),
+        VKGATE_HOME=str(home),
+        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
+    )
+    with running(
+        ["controlplane", "--migrate"], env=env, port=port, log=home / "controlplane.log", cwd=home
+    ) as service:
+        yield service
