@@ -15,6 +15,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -49,6 +50,9 @@ class Team(Base):
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
+    # Shared by every key of the team's projects; the server default fills the teams that
+    # existed before teams had limits.
+    limits: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
     created_at: Mapped[datetime]
 
 

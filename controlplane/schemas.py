@@ -20,6 +20,35 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S(.
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
+Positive = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000_000)]
+
+
+class RateLimits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The rate limits of a key or of a team; a limit left out or null is no limit."""
+
+    rpm: Positive | None = None
+    tpm: Positive | None = None
+    rpd: Positive | None = None
+    max_concurrency: Positive | None = None
+
+
+def check_limits_are_integers(body: Any, field: str = "limits") -> None:
+    """Refuse a limit that is not a JSON integer.
+
+    Litestar converts a body leniently (`"5"` and `5.0` both become 5); a limit someone sent as
+    text or as a fraction is more likely a mistake than a wish, so `body[field]` (the request's
+    JSON as sent) is checked again strictly. Call it after Litestar's own validation.
+    """
+    limits = body.get(field) if isinstance(body, dict) else None
+    if not isinstance(limits, dict):
+        return
+    for name, value in limits.items():
+        if value is not None and type(value) is not int:
+            raise invalid(
+                f"{field}.{name} must be a whole number of 1 or more, or null "
+                f"(got {type(value).__name__} {value!r})",
+                param=f"{field}.{name}",
+            )
 
 
 class Page(msgspec.Struct, Generic[T]):

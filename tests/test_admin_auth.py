@@ -266,6 +266,7 @@ async def test_finance_token_reads_one_resource(
 FINANCE_REFUSED: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", ORGS, {"name": "globex"}),
     ("POST", "/api/admin/teams", {"organization_id": "ORG", "name": "new"}),
+    ("PATCH", "/api/admin/teams/TEAM", {"limits": {"rpm": 1}}),
     ("POST", "/api/admin/projects", {"organization_id": "ORG", "name": "new"}),
     ("POST", "/api/admin/providers", {"organization_id": "ORG", "name": "n", "kind": "mock"}),
     ("PATCH", "/api/admin/providers/PROVIDER", {"name": "renamed"}),
@@ -303,6 +304,7 @@ async def test_finance_token_is_forbidden_to_change_anything(
 ) -> None:
     ids = {
         "ORG": world.org,
+        "TEAM": world.team,
         "PROVIDER": world.provider,
         "POLICY": world.policy,
         "KEY": world.key_id,
@@ -471,6 +473,7 @@ async def test_openapi_schema_lists_the_admin_routes_and_hides_the_internal_ones
         "/api/admin/organizations": {"get", "post"},
         "/api/admin/organizations/{organization_id}": {"get"},
         "/api/admin/teams": {"get", "post"},
+        "/api/admin/teams/{team_id}": {"get", "patch"},
         "/api/admin/projects": {"get", "post"},
         "/api/admin/providers": {"get", "post"},
         "/api/admin/providers/{provider_id}": {"get", "patch", "delete"},

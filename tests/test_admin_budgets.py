@@ -68,7 +68,6 @@ async def test_organization_budget_defaults_its_scope_id_name_and_breach_action(
     [
         ("100.50", "100.5"),
         ("100", "100"),
-        ("0", "0"),
         ("0.000000001", "0.000000001"),
         ("007.10", "7.1"),
         ("12.000", "12"),
@@ -106,6 +105,24 @@ async def test_limit_usd_beyond_what_the_store_holds_is_refused_not_overflowed(
         f"{BUDGETS}/{created['id']}", json={"limit_usd": limit}, headers=ADMIN
     )
     error_of(patched, 422, "validation_error", param="limit_usd")
+
+
+@pytest.mark.parametrize("limit", ["0", "0.0", "000", "0.000000000"])
+async def test_a_limit_usd_of_zero_is_refused_on_create_and_on_patch(
+    client: Client, world: World, internal: Internal, limit: str
+) -> None:
+    created = await create(client, BUDGETS, budget_body(world.org))
+    since = await internal.revision()
+    refused = await post_budget(client, budget_body(world.org, limit_usd=limit))
+    error = error_of(refused, 422, "validation_error", param="limit_usd")
+    assert "limit_usd must be more than 0" in error["message"]
+    patched = await client.patch(
+        f"{BUDGETS}/{created['id']}", json={"limit_usd": limit}, headers=ADMIN
+    )
+    error_of(patched, 422, "validation_error", param="limit_usd")
+    assert await internal.events_since(since) == []
+    fetched = await client.get(f"{BUDGETS}/{created['id']}", headers=ADMIN)
+    assert fetched.json()["limit_usd"] == "100"
 
 
 async def test_organization_budget_may_name_its_own_organization_only(

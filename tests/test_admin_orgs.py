@@ -195,6 +195,7 @@ async def test_team_create_and_get_round_trip(client: Client, clock: ManualClock
     assert team["id"].startswith("team_")
     assert team["organization_id"] == org["id"]
     assert team["name"] == "ml"
+    assert team["limits"] == {}
     assert team["created_at"] == "2026-03-10T12:00:00Z"
     fetched = await client.get(f"{TEAMS}/{team['id']}", headers=ADMIN)
     assert fetched.status_code == 200

@@ -84,7 +84,7 @@ def test_org_team_and_project_commands_create_list_and_show(cli: Cli) -> None:
     team = cli.json("teams", "create", "--org", org["id"], "ml")
     assert (team["organization_id"], team["name"]) == (org["id"], "ml")
     teams = cli.ok("teams", "list", "--org", org["id"])
-    assert header_of(teams) == ["ID", "ORGANIZATION_ID", "NAME", "CREATED_AT"]
+    assert header_of(teams) == ["ID", "ORGANIZATION_ID", "NAME", "LIMITS", "CREATED_AT"]
     assert team["id"] in teams
     assert cli.json("teams", "show", team["id"])["name"] == "ml"
 
@@ -271,6 +271,67 @@ def test_budget_commands_create_list_update_and_delete(cli: Cli) -> None:
     assert cli.ok("budgets", "delete", budget["id"]).strip() == f"deleted {budget['id']}"
     assert [b["id"] for b in cli.json("budgets", "list", "--org", org)] == [whole_org["id"]]
     assert "404 not_found" in cli.fails("budgets", "show", budget["id"])
+
+
+def test_team_commands_set_replace_and_clear_the_teams_limits(cli: Cli) -> None:
+    org = new_org(cli, "acme-team-limits")
+    team = cli.json(
+        "teams", "create", "--org", org, "search", "--rpm", "600", "--max-concurrency", "8"
+    )
+    assert team["limits"] == {"rpm": 600, "max_concurrency": 8}
+    assert cli.json("teams", "show", team["id"])["limits"] == team["limits"]
+    listing = cli.ok("teams", "list", "--org", org)
+    assert '{"rpm":600,"max_concurrency":8}' in listing
+
+    # The limits given replace all of the team's limits, as the API's PATCH does.
+    updated = cli.json("teams", "update", team["id"], "--tpm", "50000", "--rpd", "9000")
+    assert updated["limits"] == {"tpm": 50000, "rpd": 9000}
+    renamed = cli.json("teams", "update", team["id"], "--name", "search-platform")
+    assert (renamed["name"], renamed["limits"]) == ("search-platform", updated["limits"])
+    cleared = cli.json("teams", "update", team["id"], "--clear-limits")
+    assert cleared["limits"] == {}
+
+    assert "nothing to change" in cli.fails("teams", "update", team["id"])
+    both = cli.fails("teams", "update", team["id"], "--rpm", "5", "--clear-limits")
+    assert "--clear-limits" in both
+    assert "404 not_found" in cli.fails("teams", "update", "team_missing", "--rpm", "5")
+    for option, value in (("--rpm", "0"), ("--max-concurrency", "1.5")):
+        refused = cli.run("teams", "update", team["id"], option, value)
+        assert refused.returncode == 2, refused.stderr  # refused before anything is sent
+        assert f"Invalid value for '{option}'" in refused.stderr
+
+
+def test_budget_commands_cover_every_scope_and_the_provider_filter(cli: Cli) -> None:
+    org = new_org(cli, "acme-budget-scopes")
+    provider = cli.json("providers", "add", "--org", org, "--name", "m", "--kind", "mock")["id"]
+    per_user = cli.json(
+        "budgets", "create", "--org", org, "--scope", "end_user", "--window", "total",
+        "--limit-usd", "5", "--provider", provider, "--name", "each-user",
+    )  # fmt: skip
+    assert per_user["scope"] == {"kind": "end_user", "id": None}
+    assert (per_user["window"], per_user["provider_id"]) == ("total", provider)
+    one_user = cli.json(
+        "budgets", "create", "--org", org, "--scope", "end_user:alice", "--window", "week",
+        "--limit-usd", "1.5",
+    )  # fmt: skip
+    assert one_user["scope"] == {"kind": "end_user", "id": "alice"}
+
+    unfiltered = cli.json("budgets", "update", per_user["id"], "--all-providers", "--clear-name")
+    assert (unfiltered["provider_id"], unfiltered["name"]) == (None, None)
+    refiltered = cli.json("budgets", "update", per_user["id"], "--provider", provider)
+    assert refiltered["provider_id"] == provider
+    assert cli.json("budgets", "show", per_user["id"]) == refiltered
+
+    zero = cli.fails(
+        "budgets", "create", "--org", org, "--scope", "organization", "--window", "day",
+        "--limit-usd", "0",
+    )  # fmt: skip
+    assert "422 validation_error" in zero and "(field: limit_usd)" in zero
+    assert "(field: limit_usd)" in cli.fails(
+        "budgets", "update", one_user["id"], "--limit-usd", "0"
+    )
+    both = cli.fails("budgets", "update", one_user["id"], "--provider", provider, "--all-providers")
+    assert "--all-providers" in both
 
 
 def test_tokens_and_audit_log(cli: Cli) -> None:

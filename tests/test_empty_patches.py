@@ -9,7 +9,9 @@ from tests.conftest import Internal, World
 from tests.support.api import ADMIN, create
 
 
-@pytest.mark.parametrize("resource", ["providers", "routing-policies", "budgets", "virtual-keys"])
+@pytest.mark.parametrize(
+    "resource", ["teams", "providers", "routing-policies", "budgets", "virtual-keys"]
+)
 async def test_empty_patch_appends_no_event_and_no_audit_row(
     client: httpx.AsyncClient, internal: Internal, world: World, resource: str
 ) -> None:
@@ -24,6 +26,7 @@ async def test_empty_patch_appends_no_event_and_no_audit_row(
         },
     )
     ids = {
+        "teams": world.team,
         "providers": world.provider,
         "routing-policies": world.policy,
         "budgets": budget["id"],

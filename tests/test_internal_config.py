@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+import genai_prices
 import httpx
 import pytest
+from genai_prices import Usage
 
 from tests.conftest import Internal, World
 from tests.support.api import ADMIN
@@ -125,6 +128,7 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "api_version": None,
             "headers": {},
             "price": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"},
+            "max_output_tokens": context_window("openai", "gpt-4o-mini"),
         },
         {
             "provider_id": vllm["id"],
@@ -136,11 +140,13 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "api_version": None,
             "headers": {"X-Tenant": "acme"},
             "price": None,
+            "max_output_tokens": None,
         },
     ]
-    # A price override is per upstream model: gpt-4o has none.
+    # A price override is per upstream model: gpt-4o has none, so genai-prices' price is sent.
     assert got["aliases"]["smart"][0]["model"] == "gpt-4o"
-    assert got["aliases"]["smart"][0]["price"] is None
+    assert got["aliases"]["smart"][0]["price"] == genai_price("openai", "gpt-4o")
+    assert got["team_limits"] == {}
 
 
 async def test_bundle_carries_the_keys_expiry_and_metadata(
@@ -277,6 +283,139 @@ async def test_budget_windows_roll_over_the_year_end(
     assert states[ids["month"]]["window_end"] == "2027-01-01T00:00:00Z"
 
 
+# --- prices ------------------------------------------------------------------------------------
+
+
+def _usd_per_mtok(provider_id: str, model: str, usage: Usage) -> str:
+    """What genai-prices charges for `usage` (a thousand tokens of one kind), per million tokens:
+    worked out from its price calculation, not from the sheet the control plane reads."""
+    calculated = genai_prices.calc_price(usage, model_ref=model, provider_id=provider_id)
+    return format((calculated.total_price * 1000).normalize(), "f")
+
+
+def genai_price(provider_id: str, model: str) -> dict[str, str]:
+    """The bundle's price of a genai-prices model with a cache-read rate and no cache-write one."""
+    return {
+        "input_per_mtok": _usd_per_mtok(provider_id, model, Usage(input_tokens=1000)),
+        "output_per_mtok": _usd_per_mtok(provider_id, model, Usage(output_tokens=1000)),
+        "cache_read_per_mtok": _usd_per_mtok(
+            provider_id, model, Usage(input_tokens=1000, cache_read_tokens=1000)
+        ),
+    }
+
+
+def context_window(provider_id: str, model: str) -> int:
+    found = genai_prices.calc_price(Usage(), model_ref=model, provider_id=provider_id)
+    window = found.model.context_window
+    assert window is not None
+    return window
+
+
+async def add_provider(client: httpx.AsyncClient, org: str, name: str, kind: str) -> str:
+    body: dict[str, Any] = {"organization_id": org, "name": name, "kind": kind}
+    if kind != "mock":
+        body["api_key"] = "sk-test-other-provider"
+    if kind == "azure_openai":
+        body["base_url"] = "https://acme.openai.azure.com"
+        body["api_version"] = "2024-10-21"
+    created = await admin(client, "POST", "/api/admin/providers", body)
+    provider_id: str = created["id"]
+    return provider_id
+
+
+async def route(client: httpx.AsyncClient, world: World, chain: list[tuple[str, str]]) -> None:
+    """The policy's `fast` alias becomes `chain` of (provider id, upstream model)."""
+    await admin(
+        client,
+        "PATCH",
+        f"/api/admin/routing-policies/{world.policy}",
+        {"aliases": {"fast": [{"provider_id": p, "model": m} for p, m in chain]}},
+    )
+
+
+async def test_a_target_without_an_override_carries_genai_prices_price_and_output_cap(
+    internal: Internal, world: World
+) -> None:
+    [target] = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    assert target["model"] == "gpt-4o-mini"
+    assert target["price"] == genai_price("openai", "gpt-4o-mini")
+    assert Decimal(target["price"]["input_per_mtok"]) > 0
+    assert target["max_output_tokens"] == context_window("openai", "gpt-4o-mini")
+
+
+async def test_an_override_wins_over_genai_prices_and_the_cap_still_comes_from_it(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    override = {
+        "input_per_mtok": "0.1",
+        "output_per_mtok": "0.4",
+        "cache_read_per_mtok": "0.05",
+        "cache_write_per_mtok": "0.125",
+    }
+    await admin(
+        client,
+        "PATCH",
+        f"/api/admin/providers/{world.provider}",
+        {"price_overrides": {"gpt-4o-mini": override}},
+    )
+    [target] = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    assert target["price"] == override
+    assert target["max_output_tokens"] == context_window("openai", "gpt-4o-mini")
+
+
+async def test_an_override_prices_a_model_genai_prices_does_not_know(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    await admin(
+        client,
+        "PATCH",
+        f"/api/admin/providers/{world.provider}",
+        {"price_overrides": {"ft:acme-1": {"input_per_mtok": "3", "output_per_mtok": "12"}}},
+    )
+    await route(client, world, [(world.provider, "ft:acme-1")])
+    [target] = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    assert target["price"] == {"input_per_mtok": "3", "output_per_mtok": "12"}
+    assert target["max_output_tokens"] is None
+
+
+async def test_a_mock_provider_and_an_unknown_model_have_no_price_and_no_cap(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    mock = await add_provider(client, world.org, "offline", "mock")
+    # The mock provider costs nothing, whatever model name it is asked to play.
+    await route(client, world, [(mock, "gpt-4o-mini"), (world.provider, "acme-unreleased-9")])
+    chain = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    assert [(t["kind"], t["price"], t["max_output_tokens"]) for t in chain] == [
+        ("mock", None, None),
+        ("openai", None, None),
+    ]
+
+
+async def test_a_tiered_price_is_sent_as_its_base_rates(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    anthropic = await add_provider(client, world.org, "anthropic", "anthropic")
+    await route(client, world, [(anthropic, "claude-sonnet-4-5")])
+    [target] = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    # A thousand tokens are below every tier: genai-prices charges the base rate for them.
+    assert target["price"] == {
+        **genai_price("anthropic", "claude-sonnet-4-5"),
+        "cache_write_per_mtok": _usd_per_mtok(
+            "anthropic", "claude-sonnet-4-5", Usage(input_tokens=1000, cache_write_tokens=1000)
+        ),
+    }
+    assert target["max_output_tokens"] == context_window("anthropic", "claude-sonnet-4-5")
+
+
+async def test_an_azure_deployment_is_priced_as_azure_sells_the_model(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    azure = await add_provider(client, world.org, "azure", "azure_openai")
+    await route(client, world, [(azure, "gpt-4o")])
+    [target] = (await bundle(internal, world.key_id))["aliases"]["fast"]
+    assert target["price"] == genai_price("azure", "gpt-4o")
+
+
 # --- ETag ---------------------------------------------------------------------------------------
 
 
@@ -290,6 +429,16 @@ async def test_bundle_has_a_stable_etag_and_is_not_cached_by_intermediaries(
     assert first.headers["etag"] == second.headers["etag"]
     assert first.headers["cache-control"] == "no-store"
     assert PROVIDER_KEY not in first.headers["etag"]
+
+
+async def test_the_etag_of_a_priced_bundle_holds_as_time_passes(
+    internal: Internal, world: World, clock: ManualClock
+) -> None:
+    first = await config(internal, world.key_id)
+    assert first.json()["aliases"]["fast"][0]["price"] is not None
+    clock.advance(3 * 3600)
+    later = await config(internal, world.key_id, first.headers["etag"])
+    assert later.status_code == 304
 
 
 async def test_if_none_match_with_the_current_etag_is_304_without_a_body(

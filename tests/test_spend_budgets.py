@@ -152,7 +152,11 @@ async def test_bundle_etag_changes_only_when_spend_does(
     path = f"/api/internal/gateway/config/{world.key_id}"
     first = await internal.call("GET", path)
     etag = first.headers["etag"]
+    # When the spend was read: a proxy counts what the ledger took later on top of it.
+    assert first.json()["budgets"][0]["spent_as_of"] == "2026-03-10T12:00:00Z"
 
+    # Read again later, the same spend keeps its tag.
+    clock.advance(30)
     unchanged = await internal.call("GET", path, headers={"If-None-Match": etag})
     assert unchanged.status_code == 304
 
@@ -195,6 +199,7 @@ async def test_bucket_spend_is_one_end_users_spend_in_the_window(
         "end_user": "alice",
         "spent_usd": "0.000021",
         "window_start": "2026-03-10T00:00:00Z",
+        "as_of": "2026-03-10T12:00:00Z",
         "window_end": "2026-03-11T00:00:00Z",
     }
     assert carol.json()["spent_usd"] == "0"

@@ -109,4 +109,6 @@ class BudgetBucketSpend(msgspec.Struct, kw_only=True):
     """Decimal USD, from the ledger."""
     window_start: str | None = None
     """RFC 3339; none for a `total` budget."""
+    as_of: str | None = None
+    """When `spent_usd` was read from the ledger (RFC 3339)."""
     window_end: str | None = None

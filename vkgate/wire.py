@@ -48,10 +48,16 @@ class ResolveKeyResponse(msgspec.Struct):
 
 
 class Limits(msgspec.Struct, omit_defaults=True):
+    """Rate limits of a key or a team; None is no limit."""
+
     rpm: int | None = None
+    """Requests per minute (a token bucket of this capacity refilled over 60 s)."""
     tpm: int | None = None
+    """Tokens (input + output) per minute."""
     rpd: int | None = None
+    """Requests per day (refilled over 86,400 s)."""
     max_concurrency: int | None = None
+    """Requests in flight at once."""
 
 
 class Price(msgspec.Struct, omit_defaults=True):
@@ -73,6 +79,11 @@ class ChainTarget(msgspec.Struct):
     api_version: str | None = None
     headers: dict[str, str] = {}
     price: Price | None = None
+    """What a million tokens of `model` cost through this provider: its override, else
+    genai-prices' current price; None when neither knows the model (or a `mock` provider)."""
+    max_output_tokens: int | None = None
+    """The most tokens one answer of `model` can hold, when known: a budget reserves this much
+    output for a request that names no `max_tokens`."""
 
 
 class BudgetState(msgspec.Struct):
@@ -87,6 +98,9 @@ class BudgetState(msgspec.Struct):
     spent_usd: str = "0"
     window_start: str | None = None
     window_end: str | None = None
+    spent_as_of: str | None = None
+    """When `spent_usd` was read from the ledger (RFC 3339): spend the ledger took after this
+    is not in it."""
 
 
 class ConfigBundle(msgspec.Struct):
@@ -102,6 +116,8 @@ class ConfigBundle(msgspec.Struct):
     budgets: list[BudgetState]
     expires_at: str | None = None
     metadata: dict[str, str] = {}
+    team_limits: Limits = msgspec.field(default_factory=Limits)
+    """The rate limits of the key's team, shared by every key of the team's projects."""
 
 
 class ChangeEvent(msgspec.Struct):

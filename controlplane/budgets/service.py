@@ -38,6 +38,15 @@ async def _scope_id(tx: Tx, organization_id: str, scope: BudgetScope) -> str | N
     return scope.id
 
 
+def _limit_nanos(limit_usd: str) -> int:
+    """The limit in nano-USD, refused when 0: such a budget would refuse every request of its
+    scope, which is more plainly said by disabling the scope's keys."""
+    nanos = usd_to_nanos(limit_usd)
+    if nanos <= 0:
+        raise invalid(f"limit_usd must be more than 0, got {limit_usd!r}", param="limit_usd")
+    return nanos
+
+
 async def _check_provider(tx: Tx, organization_id: str, provider_id: str | None) -> None:
     if provider_id is None:
         return
@@ -47,6 +56,7 @@ async def _check_provider(tx: Tx, organization_id: str, provider_id: str | None)
 
 
 async def create(tx: Tx, data: BudgetCreate) -> Budget:
+    limit_nanos = _limit_nanos(data.limit_usd)
     await tx.get(Organization, data.organization_id, "organization", param="organization_id")
     scope_id = await _scope_id(tx, data.organization_id, data.scope)
     await _check_provider(tx, data.organization_id, data.provider_id)
@@ -58,7 +68,7 @@ async def create(tx: Tx, data: BudgetCreate) -> Budget:
         scope_kind=data.scope.kind.value,
         scope_id=scope_id,
         window=data.window.value,
-        limit_nano_usd=usd_to_nanos(data.limit_usd),
+        limit_nano_usd=limit_nanos,
         provider_id=data.provider_id,
         on_breach=data.on_breach.value,
         created_at=now,
@@ -73,6 +83,8 @@ async def update(tx: Tx, budget_id: str, data: BudgetUpdate) -> Budget:
     row = await tx.get(Budget, budget_id, "budget")
     if nothing_given(data):
         return row
+    if data.limit_usd is not msgspec.UNSET:
+        row.limit_nano_usd = _limit_nanos(data.limit_usd)
     if data.provider_id is not msgspec.UNSET:
         await _check_provider(tx, row.organization_id, data.provider_id)
         row.provider_id = data.provider_id
@@ -80,8 +92,6 @@ async def update(tx: Tx, budget_id: str, data: BudgetUpdate) -> Budget:
         row.name = data.name
     if data.window is not msgspec.UNSET:
         row.window = data.window.value
-    if data.limit_usd is not msgspec.UNSET:
-        row.limit_nano_usd = usd_to_nanos(data.limit_usd)
     if data.on_breach is not msgspec.UNSET:
         row.on_breach = data.on_breach.value
     row.updated_at = tx.clock.now()

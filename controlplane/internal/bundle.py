@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 import msgspec
 from sqlalchemy import and_, or_, select
 
 from controlplane.errors import ApiError
 from controlplane.keys.service import KeyStatus
-from controlplane.models import Budget, Project, Provider, RoutingTarget, VirtualKey
+from controlplane.models import Budget, Project, Provider, RoutingTarget, Team, VirtualKey
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
-from controlplane.spend.budgets import window_bounds
+from controlplane.spend.pricing import ListPrice, Pricer
 from controlplane.state import Tx
 from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd
+from vkgate.windows import window_bounds
 from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
 
 REFUSED = {
@@ -34,14 +36,21 @@ def refuse_if_unusable(key: VirtualKey, now: datetime) -> None:
         raise ApiError(ErrorCode.VIRTUAL_KEY_EXPIRED, "virtual key has expired")
 
 
-async def build(tx: Tx, cipher: Cipher, vk_id: str, now: datetime) -> ConfigBundle:
+async def build(
+    tx: Tx, *, cipher: Cipher, pricer: Pricer, vk_id: str, now: datetime
+) -> ConfigBundle:
     """The bundle as of `now`, its budgets' windows included but not their spend (that comes
-    from the ledger: spend/service.with_spend)."""
+    from the ledger: spend/service.with_spend).
+
+    Nothing in it depends on `now` but budget windows, a key's expiry and the price sheet in
+    force, so the same rows give the same bytes, and so the same ETag, until one of those moves.
+    """
     key = await tx.session.get(VirtualKey, vk_id)
     if key is None:
         raise ApiError(ErrorCode.NOT_FOUND, f"virtual key {vk_id!r} not found")
     refuse_if_unusable(key, now)
     project = await tx.get(Project, key.project_id, "project")
+    team = await tx.session.get(Team, project.team_id) if project.team_id else None
     return ConfigBundle(
         vk_id=key.id,
         organization_id=key.organization_id,
@@ -51,14 +60,17 @@ async def build(tx: Tx, cipher: Cipher, vk_id: str, now: datetime) -> ConfigBund
         revision=key.revision,
         limits=msgspec.convert(key.limits, Limits),
         allowed_models=key.allowed_models,
-        aliases=await _chains(tx, cipher, key.routing_policy_id),
+        aliases=await _chains(tx, cipher, pricer, key.routing_policy_id, now),
         budgets=await _budgets(tx, key, project, now),
         expires_at=rfc3339(key.expires_at) if key.expires_at else None,
         metadata=dict(key.metadata_),
+        team_limits=msgspec.convert(team.limits, Limits) if team is not None else Limits(),
     )
 
 
-async def _chains(tx: Tx, cipher: Cipher, policy_id: str | None) -> dict[str, list[ChainTarget]]:
+async def _chains(
+    tx: Tx, cipher: Cipher, pricer: Pricer, policy_id: str | None, now: datetime
+) -> dict[str, list[ChainTarget]]:
     if policy_id is None:
         return {}
     rows = await tx.session.execute(
@@ -69,7 +81,8 @@ async def _chains(tx: Tx, cipher: Cipher, policy_id: str | None) -> dict[str, li
     )
     chains: dict[str, list[ChainTarget]] = {}
     for target, provider in rows:
-        price = provider.price_overrides.get(target.model)
+        listed = pricer.list_price(provider.kind, target.model, now)
+        override = provider.price_overrides.get(target.model)
         chains.setdefault(target.alias, []).append(
             ChainTarget(
                 provider_id=provider.id,
@@ -80,10 +93,32 @@ async def _chains(tx: Tx, cipher: Cipher, policy_id: str | None) -> dict[str, li
                 api_key=open_api_key(cipher, provider),
                 api_version=provider.api_version,
                 headers=open_headers(cipher, provider),
-                price=msgspec.convert(price, Price) if price else None,
+                # The override wins, as it does when the ledger prices the spend.
+                price=msgspec.convert(override, Price) if override else _wire_price(listed),
+                max_output_tokens=listed.max_output_tokens if listed else None,
             )
         )
     return chains
+
+
+def _wire_price(listed: ListPrice | None) -> Price | None:
+    if listed is None:
+        return None
+    return Price(
+        input_per_mtok=_decimal_text(listed.input_per_mtok),
+        output_per_mtok=_decimal_text(listed.output_per_mtok),
+        cache_read_per_mtok=_optional_text(listed.cache_read_per_mtok),
+        cache_write_per_mtok=_optional_text(listed.cache_write_per_mtok),
+    )
+
+
+def _decimal_text(value: Decimal) -> str:
+    """The shortest plain decimal: "0.15", "10", never "1E+1"."""
+    return format(value.normalize(), "f")
+
+
+def _optional_text(value: Decimal | None) -> str | None:
+    return None if value is None else _decimal_text(value)
 
 
 async def _budgets(tx: Tx, key: VirtualKey, project: Project, now: datetime) -> list[BudgetState]:

@@ -48,12 +48,15 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
 async def config(vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
     now = vk.clock.now()
     async with vk.read() as tx:
-        built = await bundle.build(tx, vk.cipher, vk_id, now)
+        built = await bundle.build(tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=vk_id, now=now)
     # Read after the transaction: no database connection is held while the ledger answers.
-    # The body, and so the ETag, changes only when the bundle or a budget's spend does.
-    body = msgspec.json.encode(await spend.with_spend(vk.ledger, built, now))
+    counted = await spend.with_spend(vk.ledger, built, now)
+    # The ETag changes only when the bundle or a budget's spend does, not with the time the
+    # spend was read: a proxy keeping an older reading only counts more conservatively.
+    tagged = msgspec.json.encode(counted)
+    body = msgspec.json.encode(spend.read_at(counted, now)) if counted.budgets else tagged
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
-    digest = hmac.new(vk.settings.internal_secret.encode(), body, hashlib.sha256).hexdigest()
+    digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
     etag = f'"{digest[:32]}"'
     if _matches(request.headers.get("if-none-match"), etag):
         return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

@@ -22,7 +22,14 @@ from controlplane.keys.schemas import (
 )
 from controlplane.keys.service import KeyStatus
 from controlplane.models import Project, VirtualKey, VirtualKeySecret
-from controlplane.schemas import Page, Vk, actor_id, filtered, page
+from controlplane.schemas import (
+    Page,
+    Vk,
+    actor_id,
+    check_limits_are_integers,
+    filtered,
+    page,
+)
 from controlplane.state import Tx
 from vkgate.clock import rfc3339
 
@@ -87,6 +94,7 @@ class VirtualKeyController(Controller):
     async def create(
         self, data: JSONBody[KeyCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> KeyWithSecret:
+        check_limits_are_integers(await request.json())
         async with vk.write(actor_id(request)) as tx:
             row, key = await service.create(tx, vk.hasher, data)
             return await with_secret(tx, row, key)
@@ -126,6 +134,7 @@ class VirtualKeyController(Controller):
         vk: Vk,
         request: Request[Any, Any, Any],
     ) -> KeyRead:
+        check_limits_are_integers(await request.json())
         async with vk.write(actor_id(request)) as tx:
             row = await service.update(tx, vk_id, data)
             await tx.session.flush()

@@ -8,9 +8,8 @@ from typing import Annotated
 import msgspec
 
 from controlplane.policies.schemas import Alias
-from controlplane.schemas import Ident, Name
+from controlplane.schemas import Ident, Name, RateLimits
 
-Positive = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000_000)]
 AwareTime = Annotated[datetime, msgspec.Meta(tz=True)]
 Metadata = Annotated[
     dict[
@@ -24,11 +23,7 @@ MAX_GRACE_SECONDS = 90 * 86400
 DEFAULT_GRACE_SECONDS = 86400
 
 
-class KeyLimits(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    rpm: Positive | None = None
-    tpm: Positive | None = None
-    rpd: Positive | None = None
-    max_concurrency: Positive | None = None
+KeyLimits = RateLimits
 
 
 class KeyCreate(msgspec.Struct, forbid_unknown_fields=True):

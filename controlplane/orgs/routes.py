@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, get, post
+import msgspec
+from litestar import Controller, Request, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
@@ -17,8 +18,17 @@ from controlplane.orgs.schemas import (
     ProjectRead,
     TeamCreate,
     TeamRead,
+    TeamUpdate,
 )
-from controlplane.schemas import Page, Vk, actor_id, filtered, page
+from controlplane.schemas import (
+    Page,
+    RateLimits,
+    Vk,
+    actor_id,
+    check_limits_are_integers,
+    filtered,
+    page,
+)
 from vkgate.clock import rfc3339
 
 
@@ -31,6 +41,7 @@ def team_read(row: Team) -> TeamRead:
         id=row.id,
         organization_id=row.organization_id,
         name=row.name,
+        limits=msgspec.convert(row.limits, RateLimits),
         created_at=rfc3339(row.created_at),
     )
 
@@ -82,10 +93,24 @@ class TeamController(Controller):
     async def create(
         self, data: JSONBody[TeamCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> TeamRead:
+        check_limits_are_integers(await request.json())
         async with vk.write(actor_id(request)) as tx:
             row = await service.create_team(
-                tx, organization_id=data.organization_id, name=data.name
+                tx, organization_id=data.organization_id, name=data.name, limits=data.limits
             )
+        return team_read(row)
+
+    @patch("/{team_id:str}")
+    async def update(
+        self,
+        team_id: FromPath[str],
+        data: JSONBody[TeamUpdate],
+        vk: Vk,
+        request: Request[Any, Any, Any],
+    ) -> TeamRead:
+        check_limits_are_integers(await request.json())
+        async with vk.write(actor_id(request)) as tx:
+            row = await service.update_team(tx, team_id=team_id, data=data)
         return team_read(row)
 
     @get("/")

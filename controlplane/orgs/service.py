@@ -1,13 +1,20 @@
-"""Creating and reading organizations, teams and projects."""
+"""Creating and changing organizations, teams and projects."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
 from sqlalchemy import select
 
 from controlplane.errors import conflict, invalid
-from controlplane.models import Organization, Project, Team
+from controlplane.keys.service import KeyStatus
+from controlplane.models import Organization, Project, Team, VirtualKey
+from controlplane.orgs.schemas import TeamUpdate
+from controlplane.schemas import RateLimits
 from controlplane.security import new_id
 from controlplane.state import Tx
+from vkgate.wire import EventKind
 
 
 async def create_organization(tx: Tx, *, name: str) -> Organization:
@@ -19,19 +26,88 @@ async def create_organization(tx: Tx, *, name: str) -> Organization:
     return org
 
 
-async def create_team(tx: Tx, *, organization_id: str, name: str) -> Team:
-    await tx.get(Organization, organization_id, "organization", param="organization_id")
+async def _check_team_name_free(
+    tx: Tx, organization_id: str, name: str, *, other_than: str = ""
+) -> None:
     taken = await tx.session.scalar(
-        select(Team.id).where(Team.organization_id == organization_id, Team.name == name)
+        select(Team.id).where(
+            Team.organization_id == organization_id, Team.name == name, Team.id != other_than
+        )
     )
     if taken:
         raise conflict(f"a team named {name!r} already exists in this organization", param="name")
+
+
+def _stored_limits(limits: RateLimits | None) -> dict[str, Any]:
+    return msgspec.to_builtins(limits) if limits else {}
+
+
+async def create_team(
+    tx: Tx, *, organization_id: str, name: str, limits: RateLimits | None = None
+) -> Team:
+    await tx.get(Organization, organization_id, "organization", param="organization_id")
+    await _check_team_name_free(tx, organization_id, name)
     team = Team(
-        id=new_id("team"), organization_id=organization_id, name=name, created_at=tx.clock.now()
+        id=new_id("team"),
+        organization_id=organization_id,
+        name=name,
+        limits=_stored_limits(limits),
+        created_at=tx.clock.now(),
     )
     tx.session.add(team)
-    await tx.audit("team.create", "team", team.id, organization_id, {"name": name})
+    await tx.audit(
+        "team.create", "team", team.id, organization_id, {"name": name, "limits": team.limits}
+    )
     return team
+
+
+async def update_team(tx: Tx, *, team_id: str, data: TeamUpdate) -> Team:
+    """Apply the fields given; a PATCH that changes nothing records nothing and wakes no proxy.
+
+    A change of limits is a change of every bundle of the team's keys (they carry the team's
+    limits), so each of those keys gets its VK_CONFIG_UPDATED in this same transaction.
+    """
+    team = await tx.get(Team, team_id, "team")
+    wanted: dict[str, Any] = {
+        "name": team.name if data.name is msgspec.UNSET else data.name,
+        "limits": team.limits if data.limits is msgspec.UNSET else _stored_limits(data.limits),
+    }
+    changed = [field for field, value in wanted.items() if value != getattr(team, field)]
+    if not changed:
+        return team
+    if "name" in changed:
+        await _check_team_name_free(tx, team.organization_id, wanted["name"], other_than=team.id)
+    for field in changed:
+        setattr(team, field, wanted[field])
+    await tx.audit(
+        "team.update",
+        "team",
+        team.id,
+        team.organization_id,
+        {"fields": changed, "limits": team.limits} if "limits" in changed else {"fields": changed},
+    )
+    if "limits" in changed:
+        await _announce_to_keys(tx, team)
+    return team
+
+
+async def _announce_to_keys(tx: Tx, team: Team) -> None:
+    """VK_CONFIG_UPDATED for every usable key of the team's projects (a revoked key has no
+    bundle to refresh); each key's revision becomes its event's, as a key's own change does."""
+    keys = await tx.session.scalars(
+        select(VirtualKey)
+        .join(Project, Project.id == VirtualKey.project_id)
+        .where(Project.team_id == team.id, VirtualKey.status != KeyStatus.REVOKED.value)
+        .order_by(VirtualKey.id)
+    )
+    for key in list(keys):
+        key.revision = await tx.event(
+            EventKind.VK_CONFIG_UPDATED,
+            organization_id=key.organization_id,
+            entity_kind="virtual_key",
+            entity_id=key.id,
+            vk_id=key.id,
+        )
 
 
 async def create_project(

@@ -16,6 +16,9 @@ Where a price comes from is kept on the row (`price_source`):
 
 Token counts follow the records' convention: input includes cache reads and writes, so the
 uncached input is input - cache read - cache write; reasoning tokens are part of output.
+
+The same lookup also answers what a model costs per million tokens and how long its answers can
+be (`Pricer.list_price`), which the config bundle hands to proxies for budget reservations.
 """
 
 from __future__ import annotations
@@ -133,6 +136,22 @@ class Rates:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ListPrice:
+    """genai-prices' rates for a model, in USD per million tokens, and its answer cap.
+
+    A cache rate genai-prices does not list is None: those tokens cost the input rate, as in
+    `Rates.of_override`.
+    """
+
+    input_per_mtok: Decimal
+    output_per_mtok: Decimal
+    cache_read_per_mtok: Decimal | None
+    cache_write_per_mtok: Decimal | None
+    max_output_tokens: int | None
+    """genai-prices' context window: no answer can be longer, so a budget may reserve it."""
+
+
 _PROBE = Tokens(input=1_234_567, output=76_543, cache_read=234_567, cache_write=12_345)
 
 
@@ -148,6 +167,28 @@ class Pricer:
     def __init__(self) -> None:
         self._models: dict[tuple[str | None, str], Any] = {}
         self._sheets: dict[int, tuple[Any, Rates | None]] = {}
+        self._list_prices: dict[tuple[str | None, str], tuple[Any, ListPrice | None]] = {}
+
+    def list_price(self, kind: str, model: str, at: datetime) -> ListPrice | None:
+        """genai-prices' price of `model` through a provider of `kind` as of `at`, or None for
+        a model it does not know and for the `mock` kind (which costs nothing).
+
+        The provider's own `price_overrides` come first wherever a price is used; this is the
+        price when there is none. Memoised per model and price sheet, so a config bundle built
+        per request repeats no lookup; the answer changes only with the sheet in force.
+        """
+        if kind == "mock":
+            return None
+        provider_id = GENAI_PROVIDER_IDS.get(kind)
+        info = self._model(provider_id, model, at)
+        if info is None:
+            return None
+        sheet = info.get_prices(at)
+        cached = self._list_prices.get((provider_id, model))
+        if cached is None or cached[0] is not sheet:
+            cached = (sheet, _list_price(sheet, info.context_window))
+            self._list_prices[provider_id, model] = cached
+        return cached[1]
 
     def price(self, record: SpendRecord, at: datetime, provider: ProviderPricing | None) -> Price:
         tokens = Tokens.of(record)
@@ -212,6 +253,30 @@ def _candidates(*models: str | None) -> list[str]:
         if model and model not in seen:
             seen.append(model)
     return seen
+
+
+def _per_mtok(sheet: Any, name: str) -> Decimal | None:
+    """One rate of a sheet; a tiered rate is its base, the price below the first tier (what
+    any request short of that tier's input size pays)."""
+    value = getattr(sheet, name, None)
+    value = getattr(value, "base", value)
+    return value if isinstance(value, Decimal) else None
+
+
+def _list_price(sheet: Any, context_window: int | None) -> ListPrice | None:
+    input_rate = _per_mtok(sheet, "input_mtok")
+    output_rate = _per_mtok(sheet, "output_mtok")
+    if input_rate is None and output_rate is None:
+        # Priced per request, image or second only: per-token rates would claim it is free.
+        return None
+    return ListPrice(
+        # An embedding model lists no output rate: it never answers with tokens.
+        input_per_mtok=input_rate if input_rate is not None else Decimal(0),
+        output_per_mtok=output_rate if output_rate is not None else Decimal(0),
+        cache_read_per_mtok=_per_mtok(sheet, "cache_read_mtok"),
+        cache_write_per_mtok=_per_mtok(sheet, "cache_write_mtok"),
+        max_output_tokens=context_window if context_window and context_window > 0 else None,
+    )
 
 
 def _sheet_usd(sheet: Any, tokens: Tokens) -> Decimal:

@@ -143,6 +143,15 @@ async def with_spend(ledger: Ledger, bundle: ConfigBundle, now: datetime) -> Con
     return msgspec.structs.replace(bundle, budgets=states)
 
 
+def read_at(bundle: ConfigBundle, moment: datetime) -> ConfigBundle:
+    """The bundle with each budget's `spent_as_of`: its spend was read from the ledger no
+    earlier than `moment` (taken before the read), so spend the ledger acknowledged before
+    then is in it."""
+    stamp = rfc3339(moment)
+    states = [msgspec.structs.replace(s, spent_as_of=stamp) for s in bundle.budgets]
+    return msgspec.structs.replace(bundle, budgets=states)
+
+
 async def bucket_spend(
     *, db: Database, ledger: Ledger, clock: Clock, budget_id: str, end_user: str
 ) -> BudgetBucketSpend:
@@ -163,12 +172,14 @@ async def bucket_spend(
             f"budget {budget_id!r} is the budget of end user {budget.scope_id!r} alone",
             param="end_user",
         )
+    # Taken before the ledger is read: what the ledger acknowledged before then is counted.
+    now = clock.now()
     wanted = budgets.spend_filter(
         scope_kind=budget.scope_kind,
         scope_id=budget.scope_id,
         provider_id=budget.provider_id,
         window=budget.window,
-        now=clock.now(),
+        now=now,
         end_user=end_user,
     )
     (nanos,) = await ledger.spend(budget.organization_id, [wanted])
@@ -177,5 +188,6 @@ async def bucket_spend(
         end_user=end_user,
         spent_usd=nanos_to_usd(nanos),
         window_start=rfc3339(wanted.start) if wanted.start else None,
+        as_of=rfc3339(now),
         window_end=rfc3339(wanted.end) if wanted.end else None,
     )

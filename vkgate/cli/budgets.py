@@ -32,9 +32,14 @@ def budgets() -> None:
 
 @budgets.command("create")
 @click.option("--org", "org_id", required=True, help="Organization id.")
-@click.option("--scope", required=True, help="KIND[:ID], e.g. team:team_…, or organization.")
+@click.option(
+    "--scope",
+    required=True,
+    help="KIND[:ID]: organization, team:ID, project:ID, virtual_key:ID, end_user:ID, or "
+    "end_user alone for a budget of each end user.",
+)
 @click.option("--window", required=True, type=click.Choice(["day", "week", "month", "total"]))
-@click.option("--limit-usd", required=True, help="Limit in USD, e.g. 250 or 12.50.")
+@click.option("--limit-usd", required=True, help="Limit in USD, more than 0, e.g. 250 or 12.50.")
 @click.option("--name")
 @click.option("--provider", "provider_id", help="Count only this provider's spend.")
 @click.option(
@@ -68,20 +73,42 @@ def budget_create(
 @budgets.command("update")
 @click.argument("budget_id")
 @click.option("--name")
+@click.option("--clear-name", is_flag=True, help="Remove the name.")
 @click.option("--window", type=click.Choice(["day", "week", "month", "total"]))
-@click.option("--limit-usd")
+@click.option("--limit-usd", help="Limit in USD, more than 0.")
+@click.option("--provider", "provider_id", help="Count only this provider's spend.")
+@click.option("--all-providers", is_flag=True, help="Count every provider's spend again.")
 @click.option("--on-breach", type=click.Choice(["block", "warn"]))
 @json_option
 def budget_update(
     budget_id: str,
     name: str | None,
+    clear_name: bool,
     window: str | None,
     limit_usd: str | None,
+    provider_id: str | None,
+    all_providers: bool,
     on_breach: str | None,
     as_json: bool,
 ) -> None:
-    given = {"name": name, "window": window, "limit_usd": limit_usd, "on_breach": on_breach}
-    body = {k: v for k, v in given.items() if v is not None}
+    """Change a budget; its organization and scope never change (delete and create instead)."""
+    if name and clear_name:
+        raise click.UsageError("give --name or --clear-name, not both")
+    if provider_id and all_providers:
+        raise click.UsageError("give --provider or --all-providers, not both")
+    given = {
+        "name": name,
+        "window": window,
+        "limit_usd": limit_usd,
+        "provider_id": provider_id,
+        "on_breach": on_breach,
+    }
+    body: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    # null clears these two on the API; an option left out leaves them alone.
+    if clear_name:
+        body["name"] = None
+    if all_providers:
+        body["provider_id"] = None
     if not body:
         raise click.UsageError("nothing to change: give at least one option")
     row = admin_client().patch(f"/api/admin/budgets/{budget_id}", body)

@@ -8,24 +8,21 @@ from typing import Any
 import click
 
 from vkgate.cli._context import add_resource_commands, admin_client, parse_pairs
+from vkgate.cli._limits import limit_options, limits_of
 from vkgate.cli._output import json_option, show
 
 KEY_COLUMNS = ("id", "name", "prefix", "project_id", "routing_policy_id", "status", "expires_at")
 
 
 def _limits(rpm: int | None, tpm: int | None, rpd: int | None, conc: int | None) -> dict[str, int]:
-    given = {"rpm": rpm, "tpm": tpm, "rpd": rpd, "max_concurrency": conc}
-    return {k: v for k, v in given.items() if v is not None}
+    return limits_of({"rpm": rpm, "tpm": tpm, "rpd": rpd, "max_concurrency": conc})
 
 
 def _limit_options(function: Any) -> Any:
-    positive = click.IntRange(min=1)
+    """The rate limits, and the rest of what a key may be created or updated with."""
+    function = limit_options(function)
     for option in reversed(
         [
-            click.option("--rpm", type=positive, help="Requests per minute."),
-            click.option("--tpm", type=positive, help="Tokens per minute."),
-            click.option("--rpd", type=positive, help="Requests per day."),
-            click.option("--max-concurrency", type=positive, help="Requests in flight."),
             click.option("--allow", "allowed", multiple=True, help="Allowed alias (repeat)."),
             click.option("--expires-at", help="RFC 3339 time the key stops working."),
             click.option("--meta", "metadata", multiple=True, help="Metadata KEY=VALUE."),
