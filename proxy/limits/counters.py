@@ -1,0 +1,339 @@
+"""`LocalCounters`: the counters of one replica, kept in plain dicts on its event loop."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.limits.store import (
+    ACKED_KEEP_S,
+    LEDGER_SKEW_S,
+    Bucket,
+    BudgetBucket,
+    Levels,
+    Reservation,
+    Slots,
+)
+
+_TOKENS, _SLOTS, _BUDGETS = 0, 1, 2
+"""What a forgetting schedule entry is about (its kind)."""
+
+
+@dataclass(slots=True)
+class _Tokens:
+    level: float
+    at: float
+    """When `level` was measured (the latest `now` seen, so a clock behind refills nothing)."""
+    full_at: float
+    """From then on the bucket equals one never seen, so its state can go."""
+
+
+@dataclass(slots=True)
+class _Budget:
+    expires_at: float | None
+    base: int = 0
+    as_of: float | None = None
+    """When the ledger figure in `base` was read; None until a figure is given."""
+    open: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Request id → (amount, deadline) of the reservations in flight."""
+    open_sum: int = 0
+    unacked: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Request id → (amount, deadline) of settled spend the ledger has not acknowledged. An
+    entry `ledgered` has moved into `acked` stays with amount 0 until its deadline, so settling
+    or acknowledging the same request again stays a no-op."""
+    unacked_sum: int = 0
+    acked: dict[int, int] = field(default_factory=dict)
+    """Whole second of acknowledgement → spend acknowledged then; only the seconds a figure may
+    not cover (see `acked_from`) are kept."""
+    acked_sum: int = 0
+    acked_seconds: list[int] = field(default_factory=list)
+    """A heap of the seconds in `acked`, so forgetting the oldest costs O(log n)."""
+    deadlines: list[tuple[float, bool, str]] = field(default_factory=list)
+    """A heap of (deadline, settled?, request id), so lapsing costs O(log n), not a scan."""
+
+    def level(self) -> int:
+        return self.base + self.unacked_sum + self.acked_sum + self.open_sum
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self.open or request_id in self.unacked
+
+    def take_figure(self, ledger_nanos: int, as_of: float) -> None:
+        """A figure read after the one in `base` replaces it, even when smaller."""
+        if self.as_of is None or as_of > self.as_of:
+            self.base = ledger_nanos
+            self.as_of = as_of
+
+    def acked_from(self, now: float) -> int:
+        """The first second of acknowledged spend still counted: the figure may not cover it
+        (within `LEDGER_SKEW_S` of its `as_of`, or later), and it is within `ACKED_KEEP_S`."""
+        first = math.floor(now - ACKED_KEEP_S)
+        if self.as_of is not None:
+            first = max(first, math.floor(self.as_of - LEDGER_SKEW_S))
+        return first
+
+    def purge(self, now: float) -> None:
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, settled, request_id = heapq.heappop(self.deadlines)
+            entries = self.unacked if settled else self.open
+            entry = entries.get(request_id)
+            if entry is None or entry[1] != deadline:
+                continue
+            del entries[request_id]
+            if settled:
+                self.unacked_sum -= entry[0]
+            else:
+                self.open_sum -= entry[0]
+        first = self.acked_from(now)
+        while self.acked_seconds and self.acked_seconds[0] < first:
+            self.acked_sum -= self.acked.pop(heapq.heappop(self.acked_seconds))
+
+    def reserve(self, request_id: str, amount: int, deadline: float) -> None:
+        self.open[request_id] = (amount, deadline)
+        self.open_sum += amount
+        heapq.heappush(self.deadlines, (deadline, False, request_id))
+
+    def settle(self, request_id: str, cost: int, deadline: float) -> None:
+        if request_id in self.unacked:
+            return
+        reserved = self.open.pop(request_id, None)
+        if reserved is not None:
+            self.open_sum -= reserved[0]
+        if cost:
+            self.unacked[request_id] = (cost, deadline)
+            self.unacked_sum += cost
+            heapq.heappush(self.deadlines, (deadline, True, request_id))
+
+    def ledgered(self, request_id: str, now: float) -> None:
+        entry = self.unacked.get(request_id)
+        if entry is None or entry[0] == 0:
+            return
+        self.unacked_sum -= entry[0]
+        self.unacked[request_id] = (0, entry[1])
+        second = math.floor(now)
+        if second not in self.acked:
+            self.acked[second] = 0
+            heapq.heappush(self.acked_seconds, second)
+        self.acked[second] += entry[0]
+        self.acked_sum += entry[0]
+
+
+class LocalCounters:
+    """`Counters` for a single replica (or while Redis is unreachable).
+
+    Not thread-safe: the event loop owns it, and no method awaits between its check and its
+    commit, so each call is atomic. State that equals "never seen" (a full token bucket, a
+    window past `expires_at`, slots all released or lapsed) is forgotten, so memory follows
+    the keys in use rather than every key ever seen.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, _Tokens] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        self._budgets: dict[str, _Budget] = {}
+        # At most one entry per (kind, key): a popped entry whose state lives on is pushed again
+        # with its new time, so the heap never grows with the number of calls.
+        self._forget: list[tuple[float, int, str]] = []
+        self._scheduled: set[tuple[int, str]] = set()
+
+    async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
+        self._sweep(now)
+        levels = [self._refilled(b, now) for b in buckets]
+        short = [
+            i for i, (b, level) in enumerate(zip(buckets, levels, strict=True)) if level < b.cost
+        ]
+        if short:
+            return Levels(
+                admitted=False,
+                remaining=tuple(levels),
+                reset_s=tuple(_until_full(b, lv) for b, lv in zip(buckets, levels, strict=True)),
+                retry_after_s=max(_until_holds(buckets[i], levels[i]) for i in short),
+                refused=short[0],
+            )
+        after = [level - b.cost for b, level in zip(buckets, levels, strict=True)]
+        for b, level in zip(buckets, after, strict=True):
+            self._store(b, level, now)
+        return Levels(
+            admitted=True,
+            remaining=tuple(after),
+            reset_s=tuple(_until_full(b, lv) for b, lv in zip(buckets, after, strict=True)),
+            retry_after_s=0.0,
+        )
+
+    async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
+        self._sweep(now)
+        for b in buckets:
+            self._store(b, min(b.capacity, self._refilled(b, now) - b.cost), now)
+
+    async def acquire(self, slots: Slots, request_id: str, now: float) -> bool:
+        self._sweep(now)
+        held = {r: d for r, d in self._slots.get(slots.key, {}).items() if d > now}
+        if request_id in held:
+            return True
+        if len(held) >= slots.limit:
+            return False
+        held[request_id] = now + slots.lease_s
+        self._slots[slots.key] = held
+        self._schedule(_SLOTS, slots.key, max(held.values()))
+        return True
+
+    async def release(self, slots: Slots, request_id: str) -> None:
+        held = self._slots.get(slots.key)
+        if held is None:
+            return
+        held.pop(request_id, None)
+        if not held:
+            del self._slots[slots.key]
+
+    async def reserve(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Reservation:
+        self._sweep(now)
+        states = [self._budget(b, now) for b in buckets]
+        if any(s.holds(request_id) for s in states):
+            # A repeat (say, a retry after a timeout): report what the first call did.
+            return Reservation(
+                admitted=True,
+                groups=frozenset(
+                    b.group
+                    for b, s in zip(buckets, states, strict=True)
+                    if b.group > 0 and s.holds(request_id)
+                ),
+                levels=tuple(s.level() for s in states),
+            )
+        levels = [s.level() for s in states]
+        refusing = [
+            b.blocking and level + amount > b.limit_nanos
+            for b, level, amount in zip(buckets, levels, amounts, strict=True)
+        ]
+        refused, survivors = _decide(buckets, refusing)
+        if refused is not None:
+            return Reservation(
+                admitted=False, groups=frozenset(), levels=tuple(levels), refused=refused
+            )
+        deadline = now + lease_s
+        for i, (b, state) in enumerate(zip(buckets, states, strict=True)):
+            if b.group == 0 or b.group in survivors:
+                state.reserve(request_id, amounts[i], deadline)
+                levels[i] += amounts[i]
+        return Reservation(admitted=True, groups=survivors, levels=tuple(levels))
+
+    async def settle(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        self._sweep(now)
+        for b, cost in zip(buckets, costs, strict=True):
+            self._budget(b, now).settle(request_id, cost, now + hold_s)
+
+    async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
+        self._sweep(now)
+        for key, request_id in entries:
+            state = self._budgets.get(key)
+            if state is None or (state.expires_at is not None and state.expires_at <= now):
+                continue
+            state.purge(now)
+            state.ledgered(request_id, now)
+
+    async def close(self) -> None:
+        pass
+
+    def _refilled(self, bucket: Bucket, now: float) -> float:
+        state = self._tokens.get(bucket.key)
+        if state is None:
+            return bucket.capacity
+        elapsed = max(0.0, now - state.at)
+        return min(bucket.capacity, state.level + elapsed * bucket.per_second)
+
+    def _store(self, bucket: Bucket, level: float, now: float) -> None:
+        old = self._tokens.get(bucket.key)
+        if level >= bucket.capacity:
+            self._tokens.pop(bucket.key, None)
+            return
+        at = now if old is None else max(old.at, now)
+        full_at = at + _until_full(bucket, level)
+        self._tokens[bucket.key] = _Tokens(level, at, full_at)
+        self._schedule(_TOKENS, bucket.key, full_at)
+
+    def _budget(self, bucket: BudgetBucket, now: float) -> _Budget:
+        """The bucket's state, with a newer ledger figure as its base, purged of what lapsed."""
+        state = self._budgets.get(bucket.key)
+        if state is None or (state.expires_at is not None and state.expires_at <= now):
+            state = _Budget(expires_at=bucket.expires_at)
+            self._budgets[bucket.key] = state
+        state.take_figure(bucket.ledger_nanos, bucket.ledger_as_of)
+        state.expires_at = bucket.expires_at
+        if bucket.expires_at is not None:
+            self._schedule(_BUDGETS, bucket.key, bucket.expires_at)
+        state.purge(now)
+        return state
+
+    def _schedule(self, kind: int, key: str, when: float) -> None:
+        if (kind, key) not in self._scheduled:
+            self._scheduled.add((kind, key))
+            heapq.heappush(self._forget, (when, kind, key))
+
+    def _sweep(self, now: float) -> None:
+        """Forget what has come to equal "never seen" by `now`."""
+        while self._forget and self._forget[0][0] <= now:
+            _, kind, key = heapq.heappop(self._forget)
+            self._scheduled.discard((kind, key))
+            when = self._forget_at(kind, key)
+            if when is None:
+                continue
+            if when > now:
+                self._schedule(kind, key, when)
+            elif kind == _TOKENS:
+                del self._tokens[key]
+            elif kind == _SLOTS:
+                del self._slots[key]
+            else:
+                del self._budgets[key]
+
+    def _forget_at(self, kind: int, key: str) -> float | None:
+        if kind == _TOKENS:
+            tokens = self._tokens.get(key)
+            return None if tokens is None else tokens.full_at
+        if kind == _SLOTS:
+            held = self._slots.get(key)
+            return None if held is None else max(held.values(), default=-math.inf)
+        budget = self._budgets.get(key)
+        return None if budget is None else budget.expires_at
+
+
+def _decide(
+    buckets: Sequence[BudgetBucket], refusing: Sequence[bool]
+) -> tuple[int | None, frozenset[int]]:
+    """`reserve`'s rule: (the refusing bucket's index, or None when admitted; the groups > 0
+    that can still pay)."""
+    for i, b in enumerate(buckets):
+        if b.group == 0 and refusing[i]:
+            return i, frozenset()
+    given = {b.group for b in buckets if b.group > 0}
+    dropped = {b.group for b, no in zip(buckets, refusing, strict=True) if b.group > 0 and no}
+    if given and given <= dropped:
+        last = max(given)
+        return next(
+            i for i, b in enumerate(buckets) if b.group == last and refusing[i]
+        ), frozenset()
+    return None, frozenset(given - dropped)
+
+
+def _until_full(bucket: Bucket, level: float) -> float:
+    if level >= bucket.capacity:
+        return 0.0
+    return (bucket.capacity - level) / bucket.per_second if bucket.per_second > 0 else math.inf
+
+
+def _until_holds(bucket: Bucket, level: float) -> float:
+    return (bucket.cost - level) / bucket.per_second if bucket.per_second > 0 else math.inf

@@ -1,0 +1,179 @@
+"""`FallbackCounters`: served locally while Redis is unreachable, shared again once it answers."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from proxy.limits.counters import LocalCounters
+from proxy.limits.fallback import FallbackCounters
+from proxy.limits.redis_counters import RedisCounters
+from proxy.limits.store import Bucket, BudgetBucket
+from tests.support.clock import ManualClock
+from tests.support.processes import free_port, stop
+
+T0 = 1_800_000_000.0
+RETRY_S = 5.0
+READY_TIMEOUT_S = 10.0
+POLL_INTERVAL_S = 0.05
+ONE_A_MINUTE = Bucket("rl:vk:a:rpm", capacity=1, per_second=1 / 60, cost=1)
+BUDGET = BudgetBucket(
+    key="bg:b1:0",
+    limit_nanos=100,
+    ledger_nanos=10,
+    ledger_as_of=T0 - 60,
+    blocking=True,
+    group=0,
+    expires_at=None,
+)
+
+
+def counters_at(port: int, clock: ManualClock) -> FallbackCounters:
+    # No retries of the client's own: failing fast is the fallback's job.
+    client = Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_connect_timeout=1,
+        socket_timeout=1,
+        retry=Retry(NoBackoff(), 0),
+    )
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    return FallbackCounters(RedisCounters(client, prefix), LocalCounters(), clock, retry_s=RETRY_S)
+
+
+def gauge() -> float | None:
+    return REGISTRY.get_sample_value("vkgate_limits_redis_fallback")
+
+
+def served_locally() -> float:
+    return REGISTRY.get_sample_value("vkgate_limits_redis_fallback_calls_total") or 0.0
+
+
+def messages(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "vkgate.proxy.limits" and r.getMessage().startswith(start)
+    ]
+
+
+@contextmanager
+def redis_server(port: int, directory: Path) -> Iterator[None]:
+    """A throwaway `redis-server` of this test's own on `port`, stopped by its PID."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        pytest.skip("redis-server is not installed")
+    with (directory / "redis.log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                executable,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(directory),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.exceptions.ConnectionError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("redis-server did not come up") from None
+                time.sleep(POLL_INTERVAL_S)  # waiting on another process, bounded above
+        client.close()
+        yield
+    finally:
+        stop(process)
+
+
+async def test_an_unreachable_redis_is_served_locally_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
+    clock = ManualClock()
+    counters = counters_at(free_port(), clock)  # nothing listens there
+    before = served_locally()
+    try:
+        assert (await counters.take([ONE_A_MINUTE], T0)).admitted
+        assert counters.degraded
+        assert not (await counters.take([ONE_A_MINUTE], T0)).admitted, "the local bucket counts"
+        clock.elapse(RETRY_S + 1)
+        assert not (await counters.take([ONE_A_MINUTE], T0 + 1)).admitted, "Redis tried, still out"
+        assert counters.degraded
+        assert gauge() == 1
+        assert served_locally() == before + 3
+
+        [warning] = messages(caplog, "limits_redis_unreachable")
+        assert "per replica" in warning
+        assert not messages(caplog, "limits_redis_recovered")
+    finally:
+        await counters.close()
+
+
+async def test_calls_go_back_to_redis_once_it_answers_and_retry_s_passed(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
+    clock = ManualClock()
+    port = free_port()
+    counters = counters_at(port, clock)
+    try:
+        assert (await counters.take([ONE_A_MINUTE], T0)).admitted
+        assert counters.degraded and gauge() == 1
+
+        with redis_server(port, tmp_path):
+            clock.elapse(RETRY_S - 1)
+            assert not (await counters.take([ONE_A_MINUTE], T0)).admitted, "not retried yet"
+            assert counters.degraded
+
+            clock.elapse(2)
+            shared = await counters.take([ONE_A_MINUTE], T0)
+            assert shared.admitted, "Redis has never seen this bucket"
+            assert not counters.degraded and gauge() == 0
+            assert not (await counters.take([ONE_A_MINUTE], T0)).admitted
+            assert not counters.degraded
+
+            assert len(messages(caplog, "limits_redis_unreachable")) == 1
+            assert len(messages(caplog, "limits_redis_recovered")) == 1
+    finally:
+        await counters.close()
+
+
+async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out() -> None:
+    clock = ManualClock()
+    counters = counters_at(free_port(), clock)
+    try:
+        assert (await counters.reserve("r1", [BUDGET], [50], 30.0, T0)).admitted
+        await counters.settle("r1", [BUDGET], [20], 600.0, T0)
+        await counters.ledgered([(BUDGET.key, "r1")], T0 + 1)
+        assert counters.degraded
+        probe = await counters.reserve("probe", [BUDGET], [0], 30.0, T0 + 700)
+        assert probe.levels == (30,), "acknowledged locally: counted past the hold"
+    finally:
+        await counters.close()
