@@ -13,8 +13,11 @@ from typing import Any
 
 import aiohttp
 import httpx
+import redis.asyncio
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 import vkgate
 from proxy.asgi import Receive, Scope, Send
@@ -23,6 +26,10 @@ from proxy.control import ControlPlaneClient, Unreachable
 from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
+from proxy.limits.counters import LocalCounters
+from proxy.limits.fallback import FallbackCounters
+from proxy.limits.redis_counters import RedisCounters
+from proxy.limits.store import Counters
 from proxy.providers import registry
 from proxy.settings import ProxySettings
 from proxy.spend.drainer import SpoolDrainer
@@ -46,6 +53,7 @@ class Running:
     poller: ChangeFeedPoller | None = None
     spool: SpendSpool | None = None
     drainer: SpoolDrainer | None = None
+    counters: Counters | None = None
     started: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -74,6 +82,22 @@ def _open_spool(settings: ProxySettings, clock: Clock) -> SpendSpool:
         )
     except SpoolError as exc:
         raise SpoolError(f"VKGATE_SPOOL_DIR: {exc}") from exc
+
+
+def _counters(settings: ProxySettings, clock: Clock) -> Counters:
+    """Rate-limit and budget counters: in-process, or shared through Redis when configured
+    (falling back to in-process while Redis cannot be reached)."""
+    if settings.redis_url is None:
+        return LocalCounters()
+    client = redis.asyncio.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        # No retries: a Redis that does not answer in time is served around (in-process
+        # counters) at once, not after ten backed-off attempts.
+        retry=Retry(NoBackoff(), 0),
+    )
+    return FallbackCounters(RedisCounters(client), LocalCounters(), clock)
 
 
 def create_app(
@@ -107,6 +131,7 @@ def create_app(
                     soft_bump_s=settings.auth_cache_soft_bump_s,
                     hard_grace_s=settings.auth_cache_hard_grace_s,
                     config_ttl_s=settings.auth_cache_config_ttl_s,
+                    invalid_key_cache_s=settings.invalid_key_cache_s,
                 )
                 poller = ChangeFeedPoller(control, cache, timeout_s=settings.changes_timeout_s)
                 drainer = SpoolDrainer(
@@ -117,7 +142,17 @@ def create_app(
                 )
                 running.control, running.cache, running.poller = control, cache, poller
                 running.drainer = drainer
-                running.gateway = Gateway(settings, cache, spool, clock=running.clock)
+                counters = running.counters = _counters(settings, running.clock)
+                gateway = Gateway(
+                    settings,
+                    cache,
+                    spool,
+                    clock=running.clock,
+                    counters=counters,
+                    spend_source=control,
+                )
+                spool.on_ledgered = gateway.budgets.ledgered_through
+                running.gateway = gateway
                 running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
                 drainer.start()
                 running.started = True
@@ -140,6 +175,7 @@ def create_app(
                     # The server has drained its requests: seal, and ship what the grace
                     # allows while the control-plane client is still open.
                     await drainer.stop(settings.shutdown_grace_s)
+                    await counters.close()
                     await cache.close()
                     await control.close()
         finally:
@@ -220,9 +256,16 @@ def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "controlplane": connected,
             "cached_keys": cached,
             "spend_spool": {"writable": writable, "full": full},
+            "limits": _limits_mode(running.counters),
         },
         status_code=200 if ready else 503,
     )
+
+
+def _limits_mode(counters: Counters | None) -> str:
+    if isinstance(counters, FallbackCounters):
+        return "in-process (redis unreachable)" if counters.degraded else "redis"
+    return "in-process"
 
 
 @get("/health")

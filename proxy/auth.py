@@ -4,17 +4,22 @@ Keyed by the key's SHA-256 (the raw key is never stored). On a miss the control 
 the hash and sends the key's bundle. While the control plane is unreachable, a cached key keeps
 working past its resolution's expiry, `soft_bump_s` at a time, up to `hard_grace_s`; an answer
 of 401/403/404 evicts at once, and a key past its own expiry is refused locally.
+
+A key the control plane does not know (`invalid_api_key`) is remembered for
+`invalid_key_cache_s` and refused locally meanwhile, so presenting it again asks nothing; a new
+or rotated key forgets them all, so a key just created works at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
@@ -31,6 +36,10 @@ log = logging.getLogger("vkgate.proxy.auth")
 # waits on the control plane.
 RESOLVE_AHEAD_S = 120.0
 REFRESH_CONCURRENCY = 8
+UNKNOWN_KEYS_MAX = 100_000
+"""Unknown keys remembered at most: a flood of random keys costs bounded memory."""
+# Events after which a key the control plane did not know a moment ago may exist.
+_NEW_KEY_EVENTS = (EventKind.VK_CREATED, EventKind.VK_ROTATED)
 T = TypeVar("T")
 
 
@@ -102,6 +111,8 @@ class AuthCache:
         soft_bump_s: float = 300.0,
         hard_grace_s: float = 21_600.0,
         config_ttl_s: float = 60.0,
+        invalid_key_cache_s: float = 30.0,
+        invalid_key_cache_size: int = UNKNOWN_KEYS_MAX,
     ) -> None:
         self._control = control
         self._providers = providers
@@ -119,14 +130,35 @@ class AuthCache:
         self._changed_at: dict[str, int] = {}
         """Per organization, the value of `_changes` at its latest change event."""
         self._refresh_slots = asyncio.Semaphore(REFRESH_CONCURRENCY)
+        # Digest -> the control plane's message. Monotonic time: a wall clock set back must
+        # not keep a key refused for longer.
+        self._unknown: TTLCache[str, str] = TTLCache(
+            invalid_key_cache_size, ttl=invalid_key_cache_s, timer=clock.monotonic
+        )
+        self._remember_unknown = invalid_key_cache_s > 0
+        self._unknown_epoch = 0
+        """Bumped whenever `_unknown` is forgotten: an answer asked for before it is stale."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def authenticate(self, presented_key: str) -> KeyRuntime:
+    async def authenticate(
+        self, presented_key: str, admit: Callable[[], object] | None = None
+    ) -> KeyRuntime:
+        """The key's runtime, or a `ProxyError` saying why it cannot be used.
+
+        `admit` runs just before a key this cache does not hold is looked up on the control
+        plane, and may raise to refuse the request instead (the gateway's invalid-key
+        throttle); a cached key never waits on it.
+        """
         digest = key_sha256(presented_key)
         entry = self._entries.get(digest)
         if entry is None:
+            message = self._unknown.get(digest)
+            if message is not None:
+                raise ProxyError(ErrorCode.INVALID_API_KEY, message)
+            if admit is not None:
+                admit()
             entry = await self._load(digest)
             return entry.runtime
         now = self._clock.now().timestamp()
@@ -173,10 +205,16 @@ class AuthCache:
         return entry
 
     async def _fetch(self, digest: str, etag: str | None = None) -> Entry:
+        epoch = self._unknown_epoch
+        resolution: ResolveKeyResponse | None = None
         try:
             resolution = await self._control.resolve_key(digest)
             config = await self._control.config(resolution.vk_id)
         except Refused as exc:
+            # Only resolve-key's "unknown": revoked, disabled and expired keys have codes of
+            # their own, and a config refused after a resolution is a key that just changed.
+            if resolution is None and exc.code == ErrorCode.INVALID_API_KEY:
+                self._unknown_key(digest, exc.message, epoch)
             raise ProxyError(exc.code, exc.message) from None
         except Unreachable as exc:
             log.warning("control plane unreachable while resolving a key: %s", exc)
@@ -188,6 +226,11 @@ class AuthCache:
         return self._entry(
             digest, resolution, compile_bundle(config.bundle, self._providers), config.etag
         )
+
+    def _unknown_key(self, digest: str, message: str, epoch: int) -> None:
+        if self._remember_unknown and self._unknown_epoch == epoch:
+            # Interned: a flood stores one copy of the message, not one per key.
+            self._unknown[digest] = sys.intern(message)
 
     def _entry(
         self, digest: str, resolution: ResolveKeyResponse, runtime: KeyRuntime, etag: str | None
@@ -286,6 +329,8 @@ class AuthCache:
         self._changed_at[event.organization_id] = self._changes
         kind = event.kind
         vk_id = event.vk_id or event.entity_id
+        if kind in _NEW_KEY_EVENTS:
+            self._forget_unknown()
         if kind in (EventKind.VK_REVOKED, EventKind.VK_DISABLED, EventKind.VK_ROTATED):
             self.evict_key(vk_id)
         elif kind in (EventKind.VK_CONFIG_UPDATED, EventKind.VK_ENABLED):
@@ -316,6 +361,7 @@ class AuthCache:
 
     def clear(self) -> None:
         self._forget_lookups()
+        self._forget_unknown()
         for entry in self._entries.values():
             entry.evicted = True
         self._entries.clear()
@@ -323,6 +369,14 @@ class AuthCache:
     def _forget_lookups(self) -> None:
         """Lookups under way may predate an eviction: later requests must not join them."""
         self._evictions += 1
+        self._loading.clear()
+
+    def _forget_unknown(self) -> None:
+        """A key unknown a moment ago may exist now: ask about every key again."""
+        self._unknown_epoch += 1
+        self._unknown.clear()
+        # A lookup under way may have been asked before the key existed: later requests must
+        # not join it. (Its answer is still given to the requests that asked before.)
         self._loading.clear()
 
     def _evict(self, digest: str) -> None:

@@ -30,6 +30,10 @@ class ChatFields(msgspec.Struct):
     stream: bool | None = None
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
     user: str | None = None
+    # Bound what one request can cost: a budget reserves this much output (per choice).
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
 
 
 class MessagesMetadata(msgspec.Struct):

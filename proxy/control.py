@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlencode
 
 import httpx
 import msgspec
@@ -11,7 +12,7 @@ import msgspec
 from vkgate import signing
 from vkgate.clock import Clock
 from vkgate.errors import ErrorCode
-from vkgate.spend import SPEND_COMMANDS_PATH, SpendAck
+from vkgate.spend import SPEND_COMMANDS_PATH, BudgetBucketSpend, SpendAck
 from vkgate.wire import (
     INTERNAL_PREFIX,
     REVISION_HEADER,
@@ -146,6 +147,12 @@ class ControlPlaneClient:
                 raise Unreachable("control plane's 204 carried no revision") from None
             return ChangesResponse(events=[], current_revision=revision)
         return _decode(response, ChangesResponse)
+
+    async def bucket_spend(self, budget_id: str, end_user: str) -> BudgetBucketSpend:
+        """One end user's spend in a per-end-user budget's current window, from the ledger."""
+        query = urlencode({"budget_id": budget_id, "end_user": end_user})
+        response = await self._call("GET", f"/budget-bucket-spend?{query}")
+        return _decode(response, BudgetBucketSpend)
 
     async def health(self) -> HealthResponse:
         return _decode(await self._call("GET", "/health"), HealthResponse)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.asgi import JSON, Receive, Send, respond
@@ -367,14 +367,19 @@ class Dispatcher:
         request_id: bytes,
         recheck: Recheck,
         outcome: Outcome,
+        extra: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
+        """Answer the client from the first credential of `chain` that answers; `extra`
+        headers go on the answer (rate-limit state, budget warnings)."""
         walk = _Walk(exchange, headers, self._breakers, recheck, outcome)
         committed = await walk.first_answer(chain)
         upstream, reply = committed.upstream, committed.reply
         outcome.upstream, outcome.status = upstream, reply.status
         fallbacks = len(outcome.causes)
         if committed.rest is not None:
-            await self._stream(exchange, committed, fallbacks, receive, send, request_id, outcome)
+            await self._stream(
+                exchange, committed, fallbacks, receive, send, request_id, outcome, extra
+            )
             return
         data = committed.data
         if data is None:  # a lone 429, passed through
@@ -385,6 +390,7 @@ class Dispatcher:
         body = exchange.render(upstream, reply.status, data)
         content_type = reply.content_type if upstream.wire is exchange.client else JSON
         headers_out = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
+        headers_out.extend(extra)
         outcome.first_byte_at = self._now()
         outcome.answered()
         await respond(send, reply.status, body, headers_out)
@@ -398,11 +404,13 @@ class Dispatcher:
         send: Send,
         request_id: bytes,
         outcome: Outcome,
+        extra: Sequence[tuple[bytes, bytes]],
     ) -> None:
         upstream, reply = committed.upstream, committed.reply
         pipe = exchange.pipe(upstream)
         headers = _answer_headers(upstream, reply, request_id, fallbacks, b"text/event-stream")
         headers.append((b"cache-control", b"no-cache"))
+        headers.extend(extra)
         pump = asyncio.ensure_future(self._pump(exchange, committed, pipe, send, headers, outcome))
         watcher = asyncio.ensure_future(_disconnected(receive))
         try:

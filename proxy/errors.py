@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from vkgate.errors import ERRORS, ErrorCode
@@ -49,6 +51,7 @@ class ProxyError(Exception):
         param: str | None = None,
         headers: tuple[tuple[bytes, bytes], ...] = (),
         causes: list[Cause] | None = None,
+        details: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -56,6 +59,8 @@ class ProxyError(Exception):
         self.param = param
         self.headers = headers
         self.causes = causes
+        self.details = details
+        """More fields of the error object, e.g. a refusing budget's id, window and limit."""
 
     @property
     def status(self) -> int:
@@ -63,6 +68,11 @@ class ProxyError(Exception):
 
     def openai_body(self) -> bytes:
         kind = ERRORS[self.code]
+        if self.details:
+            detail = msgspec.structs.asdict(
+                ErrorDetail(self.message, kind.openai_type, self.code, self.param)
+            )
+            return _encode({"error": {**detail, **self.details}})
         if self.causes:
             return _encode(
                 ErrorBody(
@@ -78,6 +88,11 @@ class ProxyError(Exception):
     def anthropic_body(self) -> bytes:
         """`{"type": "error", "error": {"type", "message", "code"}}`, as `/v1/messages` answers."""
         kind = ERRORS[self.code]
+        if self.details:
+            base = msgspec.structs.asdict(
+                AnthropicErrorDetail(kind.anthropic_type, self.message, self.code)
+            )
+            return _encode({"type": "error", "error": {**base, **self.details}})
         detail = (
             _AnthropicDetailWithAttempts(kind.anthropic_type, self.message, self.code, self.causes)
             if self.causes

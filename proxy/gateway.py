@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,9 +28,15 @@ from proxy.asgi import (
 )
 from proxy.auth import AuthCache
 from proxy.breaker import Breakers
+from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError
 from proxy.formats import ChatExchange, EmbeddingsExchange, Exchange
+from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
+from proxy.limits.cost import Prompt
+from proxy.limits.counters import LocalCounters
+from proxy.limits.guard import Governor, Hold
+from proxy.limits.store import Counters
 from proxy.providers import Upstream
 from proxy.providers.base import WireFormat
 from proxy.runtime import KeyRuntime
@@ -78,11 +86,12 @@ class Prepared:
     """A request read and resolved: what dispatch sends, and what the spend record says of it."""
 
     model: str
-    chain: tuple[Upstream, ...]
     exchange: Exchange
     end_user: str | None
     body: bytes
     """Kept for a token estimate when the provider reports no usage."""
+    max_output: int | None = None
+    """The most output tokens the request allows (`max_tokens` times `n`), when it says."""
 
 
 Prepare = Callable[[KeyRuntime, Head, bytes], Prepared]
@@ -107,8 +116,32 @@ class Gateway:
         spool: SpendSpool,
         *,
         clock: Clock | None = None,
+        counters: Counters | None = None,
+        spend_source: BucketSpendSource | None = None,
     ) -> None:
         clock = clock or SystemClock()
+        self._keys = KeyGuard(
+            InvalidKeyThrottle(settings.invalid_keys_per_minute, clock),
+            settings.trusted_proxy_cidrs,
+        )
+        counters = counters or LocalCounters()
+        # Reservations and slots are held under an id of our own, unique across replicas and
+        # restarts: a client's X-Request-ID may repeat, and must not share a reservation.
+        self._holds = itertools.count(1)
+        self._hold_prefix = f"{spool.replica_id}.{os.urandom(4).hex()}."
+        self._governor = Governor(
+            counters,
+            BudgetGuard(
+                counters,
+                clock,
+                spend_source=spend_source,
+                default_output_tokens=settings.budget_default_output_tokens,
+            ),
+            clock,
+            # A reservation outlives the longest a request may take.
+            lease_s=settings.total_timeout_s + 60.0,
+        )
+        self.budgets = self._governor.budgets
         self._max_body = settings.max_body_bytes
         self._cache = cache
         self._spool = spool
@@ -135,10 +168,10 @@ class Gateway:
         try:
             if route is not None:
                 self._allow(scope, "POST")
-                await self._serve(route, head, receive, send)
+                await self._serve(route, scope, head, receive, send)
             elif path == "/models":
                 self._allow(scope, "GET")
-                runtime = await self._authenticate(head)
+                runtime = await self._authenticate(scope, head)
                 await respond(
                     send,
                     200,
@@ -169,7 +202,7 @@ class Gateway:
                 headers=((b"allow", method.encode()),),
             )
 
-    async def _authenticate(self, head: Head) -> KeyRuntime:
+    async def _authenticate(self, scope: Scope, head: Head) -> KeyRuntime:
         if head.key is None:
             raise ProxyError(
                 ErrorCode.INVALID_API_KEY,
@@ -178,9 +211,18 @@ class Gateway:
         if not head.key.startswith(VIRTUAL_KEY_PREFIX):
             # Refused here: a stray bearer token costs no control-plane round trip.
             raise ProxyError(ErrorCode.INVALID_API_KEY, "invalid virtual key")
-        return await self._cache.authenticate(head.key)
+        try:
+            # A throttled client address is refused only where a lookup would reach the
+            # control plane: cached keys keep working behind a shared address.
+            return await self._cache.authenticate(head.key, self._keys.admission(scope))
+        except ProxyError as exc:
+            if exc.code is ErrorCode.INVALID_API_KEY:
+                self._keys.failed(scope)
+            raise
 
-    async def _serve(self, route: Route, head: Head, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, route: Route, scope: Scope, head: Head, receive: Receive, send: Send
+    ) -> None:
         """The pipeline for a paid route; spend admission wraps it, outermost."""
         spool = self._spool
         if spool.at_bound:
@@ -209,12 +251,34 @@ class Gateway:
         outcome.on_answered = answered
         status: int = 500
         code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
+        hold: Hold | None = None
         try:
-            runtime = ticket.runtime = await self._authenticate(head)
+            runtime = ticket.runtime = await self._authenticate(scope, head)
             body = await read_body(receive, self._max_body, head.content_length)
             prepared = ticket.request = route.prepare(runtime, head, body)
+            refused: ProxyError | None = None
+            try:
+                chain = chain_for(runtime, prepared.model)
+            except ProxyError as exc:
+                # Rate limits come before policy: the request is counted, then refused.
+                chain, refused = (), exc
+            extra: tuple[tuple[bytes, bytes], ...] = ()
+            if runtime.rate_plan is not None or runtime.budget_rules:
+                prompt = Prompt.of(body)
+                hold = await self._governor.admit(
+                    f"{self._hold_prefix}{next(self._holds)}",
+                    runtime.rate_plan,
+                    runtime.budget_rules,
+                    prompt.typical,
+                    Worst(prompt.at_most, prepared.max_output),
+                    chain,
+                    prepared.end_user,
+                )
+                chain, extra = hold.chain, hold.headers
+            if refused is not None:
+                raise refused
             await self._dispatcher.forward(
-                prepared.chain,
+                chain,
                 prepared.exchange,
                 _provider_headers(head),
                 receive,
@@ -222,11 +286,15 @@ class Gateway:
                 head.request_id,
                 self._recheck(head, runtime, prepared.model),
                 outcome,
+                extra,
             )
             status = outcome.status
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
         except ProxyError as exc:
             status, code = exc.status, exc.code
+            if hold is not None and hold.headers:
+                # Every answer to a limited key says where its limits stand.
+                exc.headers = (*exc.headers, *hold.headers)
             raise
         except ClientGone:
             outcome.cancelled = True
@@ -242,10 +310,20 @@ class Gateway:
             # Exactly one outcome record per admitted request, whatever happened; a refusal's
             # is written before the refusal is sent, an answer's before its last byte.
             ticket.settle(outcome, status, code, self._now())
+            if hold is not None:
+                await self._finish(hold, ticket, outcome)
+
+    async def _finish(self, hold: Hold, ticket: records.Ticket, outcome: Outcome) -> None:
+        """Release what the request held and count what it spent, from its outcome record."""
+        served = outcome.upstream if 0 < outcome.status < 300 else None
+        try:
+            await self._governor.finish(hold, ticket.record, served)
+        except Exception:
+            # Reservations and slots lapse by their leases; the ledger still gets the record.
+            log.exception("could not settle the limits of request %s", ticket.request_id)
 
     def _chat(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
         fields = B.chat_fields(body)
-        chain = chain_for(runtime, fields.model)
         stream = bool(fields.stream)
         options = fields.stream_options
         wants_usage = isinstance(options, B.StreamOptions) and bool(options.include_usage)
@@ -259,11 +337,17 @@ class Gateway:
             with_usage=with_usage,
             created=int(self._clock.now().timestamp()),
         )
-        return Prepared(fields.model, chain, exchange, head.end_user or fields.user, body)
+        cap = fields.max_completion_tokens or fields.max_tokens
+        return Prepared(
+            fields.model,
+            exchange,
+            head.end_user or fields.user or None,
+            body,
+            None if cap is None else cap * (fields.n or 1),
+        )
 
     def _messages(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
         fields = B.messages_fields(body)
-        chain = chain_for(runtime, fields.model)
         # The body was written for the client's API version and betas: a provider of the same
         # format gets them with it; a translated request gets the credential's own.
         same_format = {}
@@ -282,13 +366,15 @@ class Gateway:
             same_format_headers=same_format,
         )
         user = fields.metadata.user_id if fields.metadata is not None else None
-        return Prepared(fields.model, chain, exchange, head.end_user or user, body)
+        return Prepared(
+            fields.model, exchange, head.end_user or user or None, body, fields.max_tokens
+        )
 
     def _embeddings(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
         fields = B.embedding_fields(body)
-        chain = chain_for(runtime, fields.model)
         exchange = EmbeddingsExchange(body, fields.model)
-        return Prepared(fields.model, chain, exchange, head.end_user or fields.user, body)
+        # Embeddings answer with no output tokens.
+        return Prepared(fields.model, exchange, head.end_user or fields.user or None, body, 0)
 
     def _recheck(self, head: Head, runtime: KeyRuntime, model: str) -> Recheck:
         """Before a further paid attempt, whether the key may still be used for `model`.

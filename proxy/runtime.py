@@ -6,6 +6,7 @@ half-applied config.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from datetime import datetime
 
 import msgspec
 
+from proxy.limits.budgets import BudgetRule, rules_of
+from proxy.limits.cost import rates_of
+from proxy.limits.rates import RatePlan, plan_of
 from proxy.providers import Provider, ProviderMisconfigured, Upstream
 from vkgate.wire import BudgetState, ConfigBundle, Limits
 
@@ -37,6 +41,17 @@ class KeyRuntime:
     provider_ids: frozenset[str]
     limits: Limits
     budgets: tuple[BudgetState, ...]
+    rate_plan: RatePlan | None = None
+    """The key's and its team's rate limits; None when it has none."""
+    budget_rules: tuple[BudgetRule, ...] = ()
+    """Every budget the key's requests may fall under."""
+
+    @property
+    def needs_estimate(self) -> bool:
+        """Whether a request needs its prompt's tokens estimated before it is sent."""
+        return bool(self.budget_rules) or (
+            self.rate_plan is not None and bool(self.rate_plan.tokens)
+        )
 
 
 def parse_time(value: str | None) -> float | None:
@@ -63,7 +78,14 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
                 )
                 continue
             try:
-                compiled.append(provider.compile(target))
+                upstream = provider.compile(target)
+                compiled.append(
+                    dataclasses.replace(
+                        upstream,
+                        rates=rates_of(target.price),
+                        max_output_tokens=target.max_output_tokens,
+                    )
+                )
             except ProviderMisconfigured as exc:
                 # A credential this proxy cannot call as configured is left out, like an unknown
                 # kind: the rest of the chain still serves.
@@ -96,4 +118,6 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
         provider_ids=frozenset(t.provider_id for ts in bundle.aliases.values() for t in ts),
         limits=bundle.limits,
         budgets=tuple(bundle.budgets),
+        rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
+        budget_rules=rules_of(bundle.budgets),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,19 @@ class ProxySettings:
     """How long shutdown may spend shipping the spool's last segments (after requests drain)."""
     replica_id: str | None = None
     """None: the id generated once and kept in the spool directory."""
+    redis_url: str | None = None
+    """Shared counters for rate limits and budget reservations; None keeps them in-process."""
+    redis_timeout_s: float = 0.5
+    """How long one Redis call may take before this replica falls back to its own counters."""
+    trusted_proxy_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    """Peers whose `X-Forwarded-For` / `X-Real-IP` name the client address."""
+    invalid_key_cache_s: float = 30.0
+    """How long a key the control plane did not know is refused without asking again."""
+    invalid_keys_per_minute: int = 60
+    """Unknown keys one client address may present per minute before it is throttled."""
+    budget_default_output_tokens: int = 4096
+    """Output a budget reserves for a request naming no `max_tokens`, when the model's own
+    output cap is unknown."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
@@ -93,6 +107,14 @@ class ProxySettings:
             spend_spool_full_policy=_full_policy(env),
             shutdown_grace_s=E.number(env, "VKGATE_SHUTDOWN_GRACE_SECONDS", 10.0),
             replica_id=_replica_id(env),
+            redis_url=_redis_url(env),
+            redis_timeout_s=_seconds(env, "VKGATE_REDIS_TIMEOUT_SECONDS", 0.5),
+            trusted_proxy_cidrs=_cidrs(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
+            invalid_key_cache_s=_seconds(env, "VKGATE_INVALID_KEY_CACHE_SECONDS", 30.0),
+            invalid_keys_per_minute=E.integer(env, "VKGATE_INVALID_KEYS_PER_MINUTE", 60, minimum=1),
+            budget_default_output_tokens=E.integer(
+                env, "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS", 4096, minimum=1
+            ),
         )
 
 
@@ -121,3 +143,29 @@ def _replica_id(env: Mapping[str, str]) -> str | None:
             f"letter or digit, got {value!r}"
         )
     return value
+
+
+def _redis_url(env: Mapping[str, str]) -> str | None:
+    url = E.string(env, "VKGATE_REDIS_URL")
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        # The URL may hold a password: not repeated in the message.
+        raise E.SettingError("VKGATE_REDIS_URL must be a redis://, rediss:// or unix:// URL")
+    return url
+
+
+def _cidrs(
+    env: Mapping[str, str], name: str
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    raw = E.string(env, name) or ""
+    networks = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise E.SettingError(
+                f"{name} must be a comma-separated list of CIDRs (10.0.0.0/8, ::1/128), "
+                f"got {part!r}"
+            ) from None
+    return tuple(networks)

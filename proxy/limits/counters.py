@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from proxy.limits.store import (
     ACKED_KEEP_S,
     LEDGER_SKEW_S,
+    Admission,
     Bucket,
     BudgetBucket,
     Levels,
@@ -41,8 +42,8 @@ class _Budget:
     open_sum: int = 0
     unacked: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Request id → (amount, deadline) of settled spend the ledger has not acknowledged. An
-    entry `ledgered` has moved into `acked` stays with amount 0 until its deadline, so settling
-    or acknowledging the same request again stays a no-op."""
+    entry `ledgered` moves into `acked` is removed at once: request ids are unique and each is
+    settled once, so nothing is kept to recognise a repeat (the hold may last a day)."""
     unacked_sum: int = 0
     acked: dict[int, int] = field(default_factory=dict)
     """Whole second of acknowledgement → spend acknowledged then; only the seconds a figure may
@@ -51,7 +52,9 @@ class _Budget:
     acked_seconds: list[int] = field(default_factory=list)
     """A heap of the seconds in `acked`, so forgetting the oldest costs O(log n)."""
     deadlines: list[tuple[float, bool, str]] = field(default_factory=list)
-    """A heap of (deadline, settled?, request id), so lapsing costs O(log n), not a scan."""
+    """A heap of (deadline, settled?, request id), so lapsing costs O(log n), not a scan. An
+    entry removed before its deadline (settled, acknowledged) leaves its heap entry behind,
+    skipped when it surfaces; `compact` drops them all once they outnumber the live ones."""
 
     def level(self) -> int:
         return self.base + self.unacked_sum + self.acked_sum + self.open_sum
@@ -89,6 +92,17 @@ class _Budget:
         while self.acked_seconds and self.acked_seconds[0] < first:
             self.acked_sum -= self.acked.pop(heapq.heappop(self.acked_seconds))
 
+    def compact(self) -> None:
+        """Rebuild `deadlines` from the live entries once it holds more left-behind entries
+        than live ones: O(live) per rebuild, less than the left-behind entries it drops, so
+        amortised O(1) per removal."""
+        live = len(self.open) + len(self.unacked)
+        if len(self.deadlines) <= 2 * live:
+            return
+        self.deadlines = [(deadline, False, r) for r, (_, deadline) in self.open.items()]
+        self.deadlines += [(deadline, True, r) for r, (_, deadline) in self.unacked.items()]
+        heapq.heapify(self.deadlines)
+
     def reserve(self, request_id: str, amount: int, deadline: float) -> None:
         self.open[request_id] = (amount, deadline)
         self.open_sum += amount
@@ -104,13 +118,15 @@ class _Budget:
             self.unacked[request_id] = (cost, deadline)
             self.unacked_sum += cost
             heapq.heappush(self.deadlines, (deadline, True, request_id))
+        if reserved is not None:
+            self.compact()
 
     def ledgered(self, request_id: str, now: float) -> None:
-        entry = self.unacked.get(request_id)
-        if entry is None or entry[0] == 0:
+        entry = self.unacked.pop(request_id, None)
+        if entry is None:
             return
         self.unacked_sum -= entry[0]
-        self.unacked[request_id] = (0, entry[1])
+        self.compact()
         second = math.floor(now)
         if second not in self.acked:
             self.acked[second] = 0
@@ -137,54 +153,76 @@ class LocalCounters:
         self._forget: list[tuple[float, int, str]] = []
         self._scheduled: set[tuple[int, str]] = set()
 
+    async def admit(
+        self,
+        request_id: str,
+        buckets: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Admission:
+        self._sweep(now)
+        # Every step is checked before anything is written (the reservation, last, writes
+        # only when it admits), so a refusal has nothing to give back.
+        levels = None
+        if buckets:
+            levels = self._take(buckets, now)
+            if not levels.admitted:
+                return Admission(levels)
+        for i, s in enumerate(slots):
+            if not self._slot_free(s, request_id, now):
+                return Admission(levels, slots_refused=i)
+        reservation = None
+        if budgets:
+            reservation = self._reserve(request_id, budgets, amounts, lease_s, now)
+            if not reservation.admitted:
+                return Admission(levels, reservation=reservation)
+        if levels is not None:
+            for b, level in zip(buckets, levels.remaining, strict=True):
+                self._store(b, level, now)
+        for s in slots:
+            self._hold(s, request_id, now)
+        return Admission(levels, reservation=reservation)
+
+    async def finish(
+        self,
+        request_id: str,
+        adjust: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        self._sweep(now)
+        self._adjust(adjust, now)
+        for s in slots:
+            self._release(s, request_id)
+        self._settle(request_id, budgets, costs, hold_s, now)
+
     async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
         self._sweep(now)
-        levels = [self._refilled(b, now) for b in buckets]
-        short = [
-            i for i, (b, level) in enumerate(zip(buckets, levels, strict=True)) if level < b.cost
-        ]
-        if short:
-            return Levels(
-                admitted=False,
-                remaining=tuple(levels),
-                reset_s=tuple(_until_full(b, lv) for b, lv in zip(buckets, levels, strict=True)),
-                retry_after_s=max(_until_holds(buckets[i], levels[i]) for i in short),
-                refused=short[0],
-            )
-        after = [level - b.cost for b, level in zip(buckets, levels, strict=True)]
-        for b, level in zip(buckets, after, strict=True):
-            self._store(b, level, now)
-        return Levels(
-            admitted=True,
-            remaining=tuple(after),
-            reset_s=tuple(_until_full(b, lv) for b, lv in zip(buckets, after, strict=True)),
-            retry_after_s=0.0,
-        )
+        levels = self._take(buckets, now)
+        if levels.admitted:
+            for b, level in zip(buckets, levels.remaining, strict=True):
+                self._store(b, level, now)
+        return levels
 
     async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
         self._sweep(now)
-        for b in buckets:
-            self._store(b, min(b.capacity, self._refilled(b, now) - b.cost), now)
+        self._adjust(buckets, now)
 
     async def acquire(self, slots: Slots, request_id: str, now: float) -> bool:
         self._sweep(now)
-        held = {r: d for r, d in self._slots.get(slots.key, {}).items() if d > now}
-        if request_id in held:
-            return True
-        if len(held) >= slots.limit:
+        if not self._slot_free(slots, request_id, now):
             return False
-        held[request_id] = now + slots.lease_s
-        self._slots[slots.key] = held
-        self._schedule(_SLOTS, slots.key, max(held.values()))
+        self._hold(slots, request_id, now)
         return True
 
     async def release(self, slots: Slots, request_id: str) -> None:
-        held = self._slots.get(slots.key)
-        if held is None:
-            return
-        held.pop(request_id, None)
-        if not held:
-            del self._slots[slots.key]
+        self._release(slots, request_id)
 
     async def reserve(
         self,
@@ -195,7 +233,85 @@ class LocalCounters:
         now: float,
     ) -> Reservation:
         self._sweep(now)
+        return self._reserve(request_id, buckets, amounts, lease_s, now)
+
+    async def settle(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        self._sweep(now)
+        self._settle(request_id, buckets, costs, hold_s, now)
+
+    async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
+        self._sweep(now)
+        for key, request_id in entries:
+            state = self._budgets.get(key)
+            if state is None or (state.expires_at is not None and state.expires_at <= now):
+                continue
+            state.purge(now)
+            state.ledgered(request_id, now)
+
+    async def close(self) -> None:
+        pass
+
+    def _take(self, buckets: Sequence[Bucket], now: float) -> Levels:
+        """`take`'s check: the levels after it when it admits (nothing is stored yet), the
+        levels as they are when it refuses."""
+        levels = [self._refilled(b, now) for b in buckets]
+        refused = next((i for i, b in enumerate(buckets) if levels[i] < b.cost), None)
+        if refused is None:
+            levels = [level - b.cost for b, level in zip(buckets, levels, strict=True)]
+        return levels_of(buckets, levels, refused)
+
+    def _adjust(self, buckets: Sequence[Bucket], now: float) -> None:
+        for b in buckets:
+            self._store(b, min(b.capacity, self._refilled(b, now) - b.cost), now)
+
+    def _slot_free(self, slots: Slots, request_id: str, now: float) -> bool:
+        """Whether `request_id` holds a slot, or may take one."""
+        held = self._slots.get(slots.key)
+        if held is None:
+            return slots.limit > 0
+        if held.get(request_id, -math.inf) > now:
+            return True
+        return sum(1 for deadline in held.values() if deadline > now) < slots.limit
+
+    def _hold(self, slots: Slots, request_id: str, now: float) -> None:
+        """Hold a slot for `request_id` (one held already keeps its lease); lapsed ones go."""
+        held = self._slots.get(slots.key)
+        if held is None:
+            held = self._slots[slots.key] = {}
+        elif lapsed := [r for r, deadline in held.items() if deadline <= now]:
+            for r in lapsed:
+                del held[r]
+        if request_id in held:
+            return
+        deadline = now + slots.lease_s
+        held[request_id] = deadline
+        self._schedule(_SLOTS, slots.key, deadline)
+
+    def _release(self, slots: Slots, request_id: str) -> None:
+        held = self._slots.get(slots.key)
+        if held is None:
+            return
+        held.pop(request_id, None)
+        if not held:
+            del self._slots[slots.key]
+
+    def _reserve(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Reservation:
         states = [self._budget(b, now) for b in buckets]
+        levels = [s.level() for s in states]
         if any(s.holds(request_id) for s in states):
             # A repeat (say, a retry after a timeout): report what the first call did.
             return Reservation(
@@ -205,9 +321,8 @@ class LocalCounters:
                     for b, s in zip(buckets, states, strict=True)
                     if b.group > 0 and s.holds(request_id)
                 ),
-                levels=tuple(s.level() for s in states),
+                levels=tuple(levels),
             )
-        levels = [s.level() for s in states]
         refusing = [
             b.blocking and level + amount > b.limit_nanos
             for b, level, amount in zip(buckets, levels, amounts, strict=True)
@@ -224,7 +339,7 @@ class LocalCounters:
                 levels[i] += amounts[i]
         return Reservation(admitted=True, groups=survivors, levels=tuple(levels))
 
-    async def settle(
+    def _settle(
         self,
         request_id: str,
         buckets: Sequence[BudgetBucket],
@@ -232,21 +347,9 @@ class LocalCounters:
         hold_s: float,
         now: float,
     ) -> None:
-        self._sweep(now)
+        deadline = now + hold_s
         for b, cost in zip(buckets, costs, strict=True):
-            self._budget(b, now).settle(request_id, cost, now + hold_s)
-
-    async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
-        self._sweep(now)
-        for key, request_id in entries:
-            state = self._budgets.get(key)
-            if state is None or (state.expires_at is not None and state.expires_at <= now):
-                continue
-            state.purge(now)
-            state.ledgered(request_id, now)
-
-    async def close(self) -> None:
-        pass
+            self._budget(b, now).settle(request_id, cost, deadline)
 
     def _refilled(self, bucket: Bucket, now: float) -> float:
         state = self._tokens.get(bucket.key)
@@ -261,7 +364,7 @@ class LocalCounters:
             self._tokens.pop(bucket.key, None)
             return
         at = now if old is None else max(old.at, now)
-        full_at = at + _until_full(bucket, level)
+        full_at = at + until_full(bucket, level)
         self._tokens[bucket.key] = _Tokens(level, at, full_at)
         self._schedule(_TOKENS, bucket.key, full_at)
 
@@ -329,11 +432,29 @@ def _decide(
     return None, frozenset(given - dropped)
 
 
-def _until_full(bucket: Bucket, level: float) -> float:
+def levels_of(buckets: Sequence[Bucket], levels: Sequence[float], refused: int | None) -> Levels:
+    """What a take reports, from the levels it left (found, when refused): shared with
+    `RedisCounters`, whose script returns just the levels."""
+    return Levels(
+        admitted=refused is None,
+        remaining=tuple(levels),
+        reset_s=tuple(until_full(b, level) for b, level in zip(buckets, levels, strict=True)),
+        retry_after_s=0.0
+        if refused is None
+        else max(
+            until_holds(b, level)
+            for b, level in zip(buckets, levels, strict=True)
+            if level < b.cost
+        ),
+        refused=refused,
+    )
+
+
+def until_full(bucket: Bucket, level: float) -> float:
     if level >= bucket.capacity:
         return 0.0
     return (bucket.capacity - level) / bucket.per_second if bucket.per_second > 0 else math.inf
 
 
-def _until_holds(bucket: Bucket, level: float) -> float:
+def until_holds(bucket: Bucket, level: float) -> float:
     return (bucket.cost - level) / bucket.per_second if bucket.per_second > 0 else math.inf

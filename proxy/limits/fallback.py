@@ -23,7 +23,15 @@ import redis.exceptions
 
 from proxy.limits.counters import LocalCounters
 from proxy.limits.redis_counters import RedisCounters
-from proxy.limits.store import Bucket, BudgetBucket, Counters, Levels, Reservation, Slots
+from proxy.limits.store import (
+    Admission,
+    Bucket,
+    BudgetBucket,
+    Counters,
+    Levels,
+    Reservation,
+    Slots,
+)
 from proxy.metrics import LIMITS_REDIS_FALLBACK, LIMITS_REDIS_FALLBACK_CALLS
 from vkgate.clock import Clock
 
@@ -32,10 +40,13 @@ log = logging.getLogger("vkgate.proxy.limits")
 UNREACHABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
+    # Redis answered, but cannot serve: out of memory, busy, a read-only replica after a
+    # failover, a cluster refusing a script across slots. Served locally rather than a 500.
+    redis.exceptions.ResponseError,
     TimeoutError,
     OSError,
 )
-"""What says Redis is not there (as opposed to a bug, which propagates)."""
+"""What says Redis cannot serve (as opposed to a bug in the caller, which propagates)."""
 
 T = TypeVar("T")
 
@@ -53,6 +64,34 @@ class FallbackCounters:
         self._retry_at = 0.0
         self.degraded = False
         """True while calls are served locally."""
+
+    async def admit(
+        self,
+        request_id: str,
+        buckets: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Admission:
+        return await self._serve(
+            lambda c: c.admit(request_id, buckets, slots, budgets, amounts, lease_s, now)
+        )
+
+    async def finish(
+        self,
+        request_id: str,
+        adjust: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        await self._serve(
+            lambda c: c.finish(request_id, adjust, slots, budgets, costs, hold_s, now)
+        )
 
     async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
         return await self._serve(lambda c: c.take(buckets, now))

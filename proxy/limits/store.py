@@ -100,8 +100,62 @@ class Reservation:
     given, among group 0, or among the last provider group when every group was out)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What `admit` did: refused at the first step that refused, or everything taken."""
+
+    levels: Levels | None
+    """The token buckets' take as computed (their levels after it), also when a later step
+    refused and the take was given back; None when no bucket was given."""
+    slots_refused: int | None = None
+    """The index of the first concurrency limit that was full (the take was given back)."""
+    reservation: Reservation | None = None
+    """The budgets' reservation; None when no budget was given or an earlier step refused."""
+
+    @property
+    def admitted(self) -> bool:
+        return (
+            (self.levels is None or self.levels.admitted)
+            and self.slots_refused is None
+            and (self.reservation is None or self.reservation.admitted)
+        )
+
+
 class Counters(Protocol):
-    """Shared counters; every method is atomic across everything it touches."""
+    """Shared counters; every method is atomic across everything it touches.
+
+    A request makes two calls: `admit` before its provider is called and `finish` after; the
+    single-purpose methods are what those two are made of.
+    """
+
+    async def admit(
+        self,
+        request_id: str,
+        buckets: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Admission:
+        """`take(buckets)`, then `acquire` each of `slots`, then `reserve(budgets, amounts)`,
+        as one atomic step, all or nothing: the first step that refuses ends it, and what the
+        steps before it took is given back (the state is as if nothing was asked). Steps with
+        nothing given are skipped. Asked again with the same request id, the take is made
+        again; slots and reservations are not."""
+
+    async def finish(
+        self,
+        request_id: str,
+        adjust: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        """`adjust(adjust)`, `release` each of `slots` and `settle(budgets, costs)` as one
+        atomic step (each part skipped when given nothing)."""
 
     async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
         """Take each bucket's cost from it, all or none: refill each to
@@ -151,12 +205,16 @@ class Counters(Protocol):
     ) -> None:
         """End `request_id`'s reservations in `buckets`: each becomes `costs[i]` of
         unacknowledged spend (nothing when 0), counted until `ledgered` names it or `hold_s`
-        passes. Idempotent: settling twice, or a request that reserved nothing, adds nothing
-        twice."""
+        passes. Settling twice before `ledgered` names it adds nothing twice; once it has been
+        acknowledged nothing of it is kept, so settling it again would add it again (request
+        ids are unique and a request is settled once, so this does not happen). A request that
+        reserved nothing is settled too: its cost counts, once."""
 
     async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
         """(bucket key, request id) pairs whose spend the ledger acknowledged at `now`: each
         moves, once, from unacknowledged to acknowledged-at-`now` (still counted, until a
-        ledger figure read after `now + LEDGER_SKEW_S` replaces the base)."""
+        ledger figure read after `now + LEDGER_SKEW_S` replaces the base), and the request's
+        entry in the bucket is removed. A pair naming nothing unacknowledged (never settled,
+        lapsed, acknowledged already, or named twice) does nothing."""
 
     async def close(self) -> None: ...

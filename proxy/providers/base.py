@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from proxy.limits.cost import Rates
 from vkgate.wire import ChainTarget, Price
 
 
@@ -66,6 +67,10 @@ class Upstream:
     stream_usage: bool = True
     """Whether the provider reports usage in a stream when asked (`stream_options`)."""
     price: Price | None = None
+    rates: Rates | None = None
+    """`price` as integer rates, for budgets; None when the model has no known price."""
+    max_output_tokens: int | None = None
+    """The model's output cap, when known: what a budget reserves absent `max_tokens`."""
 
 
 class Provider(Protocol):

@@ -55,6 +55,8 @@ class Segment:
     """Written by this process: its lines are trusted once their checksums hold."""
     slot: Slot
     in_flight: bool = False
+    last_seq: int | None = None
+    """The sequence number of its last record, for a segment this process wrote."""
 
     @property
     def segment_id(self) -> str:

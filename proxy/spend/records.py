@@ -31,7 +31,16 @@ class Ticket:
     """One request's place in the spool: its admit is written on creation, and exactly one
     outcome record follows, whichever of `settle`'s callers comes first."""
 
-    __slots__ = ("_route", "_spool", "_started", "request", "request_id", "runtime", "settled")
+    __slots__ = (
+        "_route",
+        "_spool",
+        "_started",
+        "record",
+        "request",
+        "request_id",
+        "runtime",
+        "settled",
+    )
 
     def __init__(self, spool: SpendSpool, route: str, request_id: bytes, started: float) -> None:
         self._spool = spool
@@ -43,6 +52,9 @@ class Ticket:
         self.request: Prepared | None = None
         """The request, once read and resolved."""
         self.settled = False
+        self.record: SpendRecord | None = None
+        """The outcome record once written: its tokens settle budgets, its seq tracks when the
+        ledger has it."""
         # Raises SpoolError when nothing can be written: the caller refuses the request.
         spool.append(
             SpendRecord(
@@ -60,9 +72,11 @@ class Ticket:
         if self.settled:
             return
         self.settled = True
+        record = self.record = self._outcome_record(outcome, status, error_code, now)
         try:
-            self._spool.append(self._outcome_record(outcome, status, error_code, now))
+            self._spool.append(record)
         except SpoolError:
+            record.seq = 0  # not in the spool: the ledger will never acknowledge it
             # The answer is (being) given; the loss is logged loudly, never the request itself.
             log.error(
                 "spend record lost: request_id=%s route=%s (spool not writable)",
@@ -116,7 +130,7 @@ class Ticket:
             record.usage_source = UsageSource.PROVIDER
         elif served and request is not None:
             # The provider said nothing of usage: estimated, and the record says so.
-            record.input_tokens = estimate_tokens(_prompt_text(request.body))
+            record.input_tokens = estimate_tokens(prompt_text(request.body))
             record.output_tokens = outcome.estimated_output_tokens
             record.usage_source = UsageSource.ESTIMATED
         return record
@@ -126,7 +140,7 @@ _INLINE_DATA = re.compile(rb'"data:[^"]{64,}"')
 _INLINE_DATA_TOKENS = b'"(inline data)"'
 
 
-def _prompt_text(body: bytes) -> str:
+def prompt_text(body: bytes) -> str:
     """The request for a token estimate: inline images and files (base64 `data:` URLs) stand in
     as a few tokens instead of hundreds of thousands."""
     return _INLINE_DATA.sub(_INLINE_DATA_TOKENS, body).decode("utf-8", "replace")

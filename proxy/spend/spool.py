@@ -192,6 +192,9 @@ class SpendSpool:
     """
 
     on_rotate: Callable[[], None] | None
+    on_ledgered: Callable[[int], None] | None
+    """Called with a segment's last sequence number once the ledger acknowledged it: every
+    record of this process up to there is in the ledger."""
     """Called when a segment was closed for writing because it was full (the drainer's wake)."""
 
     def __init__(
@@ -220,6 +223,7 @@ class SpendSpool:
         self._buffer = bytearray(1024)
         self._ids = _Ids()
         self.on_rotate = None
+        self.on_ledgered = None
 
         self._seq = recovered.last_seq
         self._sealed: deque[Segment] = deque(recovered.segments)
@@ -520,6 +524,7 @@ class SpendSpool:
                     item.first_at,
                     ours=True,
                     slot=self._slot,
+                    last_seq=item.last_seq,
                 )
             )
         self._slot.pending += len(batch)
@@ -554,6 +559,8 @@ class SpendSpool:
         self.shipped_segments += 1
         self.shipped_records += loaded.records
         self._count_corrupt(segment, loaded)
+        if segment.ours and segment.last_seq is not None and self.on_ledgered is not None:
+            self.on_ledgered(segment.last_seq)
 
     def reject(self, segment: Segment, loaded: LoadedSegment | None, reason: str) -> None:
         """Move a segment the control plane will never take aside, for an operator to look at.

@@ -285,7 +285,6 @@ async def test_a_waiter_that_goes_away_does_not_fail_the_others(
 @pytest.mark.parametrize(
     ("refusal", "status"),
     [
-        (ErrorCode.INVALID_API_KEY, 401),
         (ErrorCode.VIRTUAL_KEY_REVOKED, 403),
         (ErrorCode.VIRTUAL_KEY_DISABLED, 403),
         (ErrorCode.VIRTUAL_KEY_EXPIRED, 401),

@@ -388,11 +388,65 @@ async def test_ledgered_moves_the_spend_to_acknowledged_once(counters: Counters)
     await counters.ledgered([("bg:org:0", "r1")], T0 + 1)
     await counters.ledgered([("bg:org:0", "r1"), ("bg:org:0", "r1")], T0 + 2)
     assert await level(counters, org, T0 + 2) == 20, "moved, not added"
-    await counters.settle("r1", [org], [20], HOLD_S, T0 + 3)
-    assert await level(counters, org, T0 + 3) == 20, "settling again adds nothing"
 
     assert await level(counters, org, T0 + HOLD_S) == 20, "acknowledged: no hold to lapse"
     assert await level(counters, other, T0 + HOLD_S) == 0, "never acknowledged: it lapsed"
+
+
+async def request_entries(counters: Counters, key: str) -> tuple[list[str], int]:
+    """What a budget bucket keeps per request: its entries (`o:<id>` open, `u:<id>` settled;
+    for Redis, every hash field but the running sums and the acknowledged seconds), and how
+    many deadlines it keeps for them."""
+    if isinstance(counters, LocalCounters):
+        state = counters._budgets[key]
+        entries = [f"o:{r}" for r in state.open] + [f"u:{r}" for r in state.unacked]
+        return sorted(entries), len(state.deadlines)
+    assert isinstance(counters, RedisCounters)
+    client, hash_key = counters._client, f"{counters._budget_prefix}{key}}}"
+    fixed = {"base", "asof", "open", "unl", "ack", "exp"}
+    fields = [f.decode() if isinstance(f, bytes) else f for f in await client.hkeys(hash_key)]
+    entries = [f for f in fields if f not in fixed and not f.startswith("a:")]
+    return sorted(entries), await client.zcard(hash_key + ":dl")
+
+
+async def test_acknowledged_spend_leaves_no_entry_behind(counters: Counters) -> None:
+    """Request ids are unique and settled once: once acknowledged, nothing of a request is kept
+    (the hold may last a day; an entry kept for it would cost memory per request)."""
+    org = budget(ledger=10, as_of=T0 - 60, expires_at=T0 + 86_400)
+    await counters.reserve("r1", [org], [50], LEASE_S, T0)
+    assert (await request_entries(counters, org.key))[0] == ["o:r1"]
+    await counters.settle("r1", [org], [20], HOLD_S, T0)
+    entries, deadlines = await request_entries(counters, org.key)
+    assert entries == ["u:r1"]
+    if isinstance(counters, RedisCounters):
+        assert deadlines == 1, "the reservation's deadline went with it"
+    assert await level(counters, org, T0) == 30  # its probe lapses at T0 + LEASE_S
+
+    acked_at = T0 + LEASE_S
+    await counters.ledgered([(org.key, "r1")], acked_at)
+    assert await request_entries(counters, org.key) == ([], 0)
+    await counters.ledgered([(org.key, "r1")], acked_at + 1)
+    assert await request_entries(counters, org.key) == ([], 0), "a repeat finds nothing"
+    assert await level(counters, org, acked_at + 1) == 30, "moved once, not dropped or added"
+    assert await level(counters, org, T0 + HOLD_S) == 30, "acknowledged: no hold to lapse"
+
+
+async def test_local_counters_keep_deadlines_in_proportion_to_the_entries() -> None:
+    """Settling and acknowledging leave heap entries behind; they never pile up."""
+    local = LocalCounters()
+    org = budget(limit=10**9)
+    for i in range(1000):
+        now = T0 + i / 100
+        await local.reserve(f"r{i}", [org], [50], LEASE_S, now)
+        await local.settle(f"r{i}", [org], [20], HOLD_S, now)
+        if i >= 10:
+            await local.ledgered([(org.key, f"r{i - 10}")], now)
+    state = local._budgets[org.key]
+    assert not state.open and len(state.unacked) == 10
+    assert len(state.deadlines) <= 2 * 10 + 1
+    await local.ledgered([(org.key, f"r{i}") for i in range(990, 1000)], T0 + 11)
+    assert not state.unacked and not state.deadlines
+    assert await level(local, org, T0 + 11) == 20 * 1000
 
 
 async def test_ledgered_of_what_was_never_settled_changes_nothing(counters: Counters) -> None:
@@ -487,6 +541,161 @@ async def test_acknowledged_spend_is_forgotten_after_acked_keep_s(counters: Coun
     assert await level(counters, org, T0 + ACKED_KEEP_S + 1) == 10
 
 
+# Admitting and finishing a request in one call each
+
+
+async def test_admit_takes_holds_and_reserves_everything(counters: Counters) -> None:
+    tpm = Bucket("rl:vk:a:tpm", capacity=100, per_second=10.0, cost=40)
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    org = budget("bg:org:0", limit=100)
+    admission = await counters.admit("r1", [rpm(3), tpm], [slots], [org], [30], LEASE_S, T0)
+    assert admission.admitted
+    assert admission.levels is not None and admission.levels.remaining == (2.0, 60.0)
+    assert admission.levels.reset_s == (20.0, 4.0)
+    assert admission.slots_refused is None
+    assert admission.reservation is not None and admission.reservation.levels == (30,)
+
+    assert (await counters.take([rpm(3)], T0)).remaining == (1.0,)
+    assert not await counters.acquire(slots, "r2", T0), "r1 holds the only slot"
+    assert await level(counters, org, T0) == 30
+
+
+async def test_admit_refused_at_the_take_holds_and_reserves_nothing(counters: Counters) -> None:
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    org = budget("bg:org:0", limit=100)
+    await counters.take([rpm(1)], T0)
+    admission = await counters.admit("r1", [rpm(1)], [slots], [org], [30], LEASE_S, T0)
+    assert not admission.admitted
+    assert admission.levels is not None and admission.levels.refused == 0
+    assert admission.levels.retry_after_s == 60.0
+    assert admission.slots_refused is None and admission.reservation is None
+
+    assert await counters.acquire(slots, "r2", T0), "r1 holds no slot"
+    assert await level(counters, org, T0) == 0
+
+
+async def test_admit_refused_at_the_slots_gives_the_take_back(counters: Counters) -> None:
+    free = Slots("cc:team:t", limit=1, lease_s=LEASE_S)
+    full = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    org = budget("bg:org:0", limit=100)
+    await counters.take([rpm(3)], T0)
+    assert await counters.acquire(full, "other", T0)
+
+    admission = await counters.admit("r1", [rpm(3)], [free, full], [org], [30], LEASE_S, T0)
+    assert not admission.admitted
+    assert admission.slots_refused == 1, "the first full one"
+    assert admission.levels is not None and admission.levels.admitted, "the take passed"
+    assert admission.reservation is None
+
+    assert (await counters.take([rpm(3)], T0)).remaining == (1.0,), "levels as before"
+    assert await counters.acquire(free, "r2", T0), "the free slot was not kept"
+    assert await level(counters, org, T0) == 0
+
+
+async def test_admit_refused_at_the_reservation_gives_back_the_take_and_the_slots(
+    counters: Counters,
+) -> None:
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    tpm = Bucket("rl:vk:a:tpm", capacity=100, per_second=10.0, cost=40)
+    org = budget("bg:org:0", limit=100)
+    await counters.reserve("other", [org], [80], LEASE_S, T0)
+
+    admission = await counters.admit("r1", [rpm(3), tpm], [slots], [org], [30], LEASE_S, T0)
+    assert not admission.admitted
+    assert admission.levels is not None and admission.levels.admitted
+    assert admission.slots_refused is None
+    assert admission.reservation is not None and admission.reservation.refused == 0
+    assert admission.reservation.levels == (80,)
+
+    assert (await counters.take([rpm(3), tpm], T0)).remaining == (2.0, 60.0), "as before"
+    assert await counters.acquire(slots, "r2", T0), "r1's slot was released"
+    assert await level(counters, org, T0) == 80
+
+
+async def test_a_refused_admit_may_be_asked_again(counters: Counters) -> None:
+    """What a caller does when every provider group is out: ask again without them."""
+    org = budget("bg:org:0", limit=1000)
+    g1 = budget("bg:p1:0", limit=10, group=1)
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    out = await counters.admit("r1", [rpm(3)], [slots], [org, g1], [50, 50], LEASE_S, T0)
+    assert not out.admitted and out.reservation is not None and out.reservation.refused == 1
+
+    again = await counters.admit("r1", [rpm(3)], [slots], [org], [50], LEASE_S, T0)
+    assert again.admitted
+    assert again.levels is not None and again.levels.remaining == (2.0,), "taken once"
+    assert await level(counters, org, T0) == 50
+    assert await level(counters, g1, T0) == 0
+
+
+async def test_admit_drops_a_provider_group_that_is_out_and_admits(counters: Counters) -> None:
+    org = budget("bg:org:0", limit=1000)
+    g1 = budget("bg:p1:0", limit=10, group=1)
+    g2 = budget("bg:p2:0", limit=1000, group=2)
+    admission = await counters.admit(
+        "r1", [rpm(3)], [Slots("cc:vk:a", 1, LEASE_S)], [org, g1, g2], [50, 50, 50], LEASE_S, T0
+    )
+    assert admission.admitted
+    assert admission.reservation is not None
+    assert admission.reservation.groups == frozenset({2})
+    assert admission.reservation.levels == (50, 0, 50)
+    assert (await counters.take([rpm(3)], T0)).remaining == (1.0,)
+
+
+async def test_admit_skips_the_parts_given_nothing(counters: Counters) -> None:
+    nothing = await counters.admit("r1", [], [], [], [], LEASE_S, T0)
+    assert nothing.admitted and nothing.levels is None and nothing.reservation is None
+
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    only_slots = await counters.admit("r2", [], [slots], [], [], LEASE_S, T0)
+    assert only_slots.admitted and only_slots.levels is None and only_slots.reservation is None
+    full = await counters.admit("r3", [], [slots], [], [], LEASE_S, T0)
+    assert not full.admitted and full.slots_refused == 0
+
+    org = budget("bg:org:0", limit=100)
+    only_budgets = await counters.admit("r4", [], [], [org], [30], LEASE_S, T0)
+    assert only_budgets.admitted and only_budgets.levels is None
+    assert only_budgets.reservation is not None and only_budgets.reservation.levels == (30,)
+
+    only_buckets = await counters.admit("r5", [rpm(3)], [], [], [], LEASE_S, T0)
+    assert only_buckets.admitted and only_buckets.reservation is None
+    assert only_buckets.levels is not None and only_buckets.levels.remaining == (2.0,)
+
+
+async def test_admitting_again_reserves_once_and_holds_one_slot(counters: Counters) -> None:
+    org = budget("bg:org:0", limit=100)
+    g1 = budget("bg:p1:0", limit=10, group=1)
+    g2 = budget("bg:p2:0", limit=100, group=2)
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    buckets, amounts = [org, g1, g2], [60, 60, 60]
+    first = await counters.admit("r1", [], [slots], buckets, amounts, LEASE_S, T0)
+    again = await counters.admit("r1", [], [slots], buckets, amounts, LEASE_S, T0 + 1)
+    assert first.admitted and again.admitted, "the budget is nearly full, but r1 is in it"
+    assert first.reservation is not None and again.reservation is not None
+    assert again.reservation.groups == first.reservation.groups == frozenset({2})
+    assert again.reservation.levels == first.reservation.levels == (60, 0, 60)
+    assert await level(counters, org, T0 + 1) == 60
+    assert not await counters.acquire(slots, "r2", T0 + 1), "r1 holds it, once"
+
+
+async def test_finish_adjusts_releases_and_settles_in_one_call(counters: Counters) -> None:
+    tpm = Bucket("rl:vk:a:tpm", capacity=100, per_second=10.0, cost=50)
+    slots = Slots("cc:vk:a", limit=1, lease_s=LEASE_S)
+    org, warn = budget("bg:org:0"), budget("bg:warn:0", blocking=False)
+    assert (await counters.admit("r1", [tpm], [slots], [org, warn], [40, 40], LEASE_S, T0)).admitted
+
+    used_less = Bucket(tpm.key, 100, 10.0, cost=-20)
+    await counters.finish("r1", [used_less], [slots], [org, warn], [25, 0], HOLD_S, T0)
+    assert (await counters.take([Bucket(tpm.key, 100, 10.0, cost=0)], T0)).remaining == (70.0,)
+    assert await counters.acquire(slots, "r2", T0), "released"
+    assert await level(counters, org, T0) == 25
+    assert await level(counters, warn, T0) == 0
+
+    await counters.finish("r1", [], [], [org, warn], [25, 0], HOLD_S, T0 + 1)
+    assert await level(counters, org, T0 + 1) == 25, "settling twice adds nothing twice"
+    await counters.finish("r1", [], [], [], [], HOLD_S, T0 + 1)
+    assert await level(counters, org, T0 + HOLD_S) == 0, "the hold lapses as after settle"
+
+
 # Memory
 
 
@@ -544,6 +753,28 @@ async def test_redis_counters_forget_acknowledged_seconds_a_figure_covers() -> N
 
 
 # Shared by every replica
+
+
+async def test_concurrent_admits_on_replicas_give_back_exactly_what_they_refused() -> None:
+    prefix = unique_prefix()
+    replicas = [RedisCounters(redis_client(), prefix) for _ in range(3)]
+    bucket = rpm(1000)
+    slots = Slots("cc:vk:a", limit=5, lease_s=LEASE_S)
+    org = budget("bg:org:0", limit=1000)
+    try:
+        outcomes = await asyncio.gather(
+            *(
+                replicas[i % 3].admit(f"r{i}", [bucket], [slots], [org], [100], LEASE_S, T0)
+                for i in range(60)
+            )
+        )
+        assert sum(o.admitted for o in outcomes) == 5, "the slots are the tighter limit"
+        assert (await replicas[0].take([bucket], T0)).remaining == (994.0,), "5 taken, then 1"
+        assert await level(replicas[0], org, T0) == 500
+    finally:
+        for replica in replicas:
+            await replica.close()
+        await delete_prefixed(prefix)
 
 
 async def test_concurrent_replicas_never_overspend_a_shared_budget() -> None:

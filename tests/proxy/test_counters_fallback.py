@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from proxy.limits.counters import LocalCounters
 from proxy.limits.fallback import FallbackCounters
 from proxy.limits.redis_counters import RedisCounters
-from proxy.limits.store import Bucket, BudgetBucket
+from proxy.limits.store import Bucket, BudgetBucket, Slots
 from tests.support.clock import ManualClock
 from tests.support.processes import free_port, stop
 
@@ -175,5 +175,25 @@ async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out()
         assert counters.degraded
         probe = await counters.reserve("probe", [BUDGET], [0], 30.0, T0 + 700)
         assert probe.levels == (30,), "acknowledged locally: counted past the hold"
+    finally:
+        await counters.close()
+
+
+async def test_requests_are_admitted_and_finished_locally_while_redis_is_out() -> None:
+    clock = ManualClock()
+    counters = counters_at(free_port(), clock)
+    slots = Slots("cc:vk:a", limit=1, lease_s=30.0)
+    before = served_locally()
+    try:
+        admitted = await counters.admit("r1", [ONE_A_MINUTE], [slots], [BUDGET], [50], 30.0, T0)
+        assert admitted.admitted and counters.degraded
+        refused = await counters.admit("r2", [], [slots], [], [], 30.0, T0)
+        assert refused.slots_refused == 0, "r1 holds the local slot"
+
+        await counters.finish("r1", [], [slots], [BUDGET], [20], 600.0, T0)
+        assert (await counters.admit("r2", [], [slots], [], [], 30.0, T0)).admitted, "released"
+        probe = await counters.reserve("probe", [BUDGET], [0], 30.0, T0)
+        assert probe.levels == (30,), "settled locally: the ledger's 10 and r1's 20"
+        assert served_locally() == before + 5
     finally:
         await counters.close()

@@ -380,6 +380,7 @@ def test_proxy_without_its_control_plane_is_unready_unless_it_has_keys_cached(
             "controlplane": False,
             "cached_keys": 0,
             "spend_spool": {"writable": True, "full": False},
+            "limits": "in-process",
         }
         health = httpx.get(f"{cold.url}/health", timeout=10)
         assert health.status_code == 503, health.text

@@ -1,0 +1,325 @@
+"""Who is asking, and how often they present keys that do not exist.
+
+`client_address` names a request's client, believing `X-Forwarded-For` / `X-Real-IP` only from
+a peer inside `VKGATE_TRUSTED_PROXY_CIDRS`. `InvalidKeyThrottle` is a token bucket of invalid
+keys per address, and `KeyGuard` joins the two for the gateway: an address that presented too
+many unknown keys is refused with 429 before its next lookup can reach the control plane.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from cachetools import TTLCache
+
+from proxy.asgi import Scope
+from proxy.errors import ProxyError
+from vkgate.clock import Clock
+from vkgate.errors import ErrorCode
+
+log = logging.getLogger("vkgate.proxy.clients")
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+UNKNOWN = "unknown"
+"""The address of a request whose server named no peer (a Unix socket)."""
+MAX_ADDRESSES = 100_000
+"""Addresses the throttle remembers at most: a flood from many addresses costs bounded memory."""
+IPV6_PREFIX = 64
+# One IPv6 host is usually given a whole /64: throttling each /128 apart would let it present
+# a fresh address, with a fresh bucket, for every key it tries.
+
+
+# -- the client's address -----------------------------------------------------------------------
+#
+# Addresses are parsed with `socket.inet_pton` into (family, integer) pairs: measured, the
+# `ipaddress` module spends about 2 µs parsing one address and 1 µs testing it against a
+# network, which a flood of refused requests would pay on every request; this takes a third.
+
+Address = tuple[int, int]
+"""An IP address as (4 or 6, its value); an IPv4-mapped IPv6 address is its IPv4 address."""
+
+
+class TrustedProxies:
+    """Networks whose peers' forwarding headers name the client, compiled for quick tests."""
+
+    __slots__ = ("_networks",)
+
+    def __init__(self, networks: Sequence[IPNetwork]) -> None:
+        self._networks = tuple(
+            (n.version, int(n.network_address), int(n.netmask)) for n in networks
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self._networks)
+
+    def __contains__(self, address: Address) -> bool:
+        version, value = address
+        # A loop: measured, `any()` over a generator costs several times as much.
+        for v, net, mask in self._networks:  # noqa: SIM110
+            if v == version and value & mask == net:
+                return True
+        return False
+
+
+def client_address(scope: Scope, trusted: TrustedProxies | Sequence[IPNetwork]) -> str:
+    """The address of the request's client.
+
+    The server's peer, unless the peer is a trusted proxy: then the right-most address of
+    `X-Forwarded-For` that is not itself trusted (every hop to its right was appended by a
+    proxy we trust, and anything to its left the client may have written), else `X-Real-IP`.
+    A malformed value is ignored, and the peer answered. With nothing trusted no header is read.
+    """
+    if not trusted:
+        client = scope.get("client")
+        return client[0] if client else UNKNOWN
+    found = _client(
+        scope, trusted if isinstance(trusted, TrustedProxies) else TrustedProxies(trusted)
+    )
+    return found if isinstance(found, str) else format_ip(found)
+
+
+def _client(scope: Scope, trusted: TrustedProxies) -> Address | str:
+    """The client's address; the peer as the server named it when that is no IP address."""
+    client = scope.get("client")
+    peer: str = client[0] if client else UNKNOWN
+    peer_ip = parse_ip(peer)
+    if peer_ip is None:
+        return peer
+    if not trusted or peer_ip not in trusted:
+        return peer_ip
+    forwarded: list[bytes] = []
+    real_ip: bytes | None = None
+    for name, value in scope["headers"]:
+        if name == b"x-forwarded-for":
+            forwarded.append(value)  # several headers are one list, in order (RFC 9110)
+        elif name == b"x-real-ip":
+            real_ip = value
+    found: Address | None = None
+    if forwarded:
+        found = _right_most_untrusted(b",".join(forwarded).decode("latin-1"), trusted)
+    elif real_ip is not None:
+        found = parse_ip(real_ip.decode("latin-1").strip())
+    return found if found is not None else peer_ip
+
+
+def _right_most_untrusted(header: str, trusted: TrustedProxies) -> Address | None:
+    """The client an `X-Forwarded-For` chain names; None when the part we read is malformed."""
+    hop: Address | None = None
+    for item in reversed(header.split(",")):
+        hop = parse_ip(item.strip())
+        if hop is None:
+            # Written by a proxy we trust, yet unreadable: believe nothing of this chain.
+            return None
+        if hop not in trusted:
+            return hop
+    # Every hop is trusted: the request began inside, and the left-most one is its client.
+    return hop
+
+
+def parse_ip(text: str) -> Address | None:
+    """An IP address as proxies write it (`1.2.3.4`, `1.2.3.4:5678`, `[2001:db8::1]:443`).
+
+    An IPv4-mapped IPv6 address (a dual-stack listener's `::ffff:1.2.3.4`) is its IPv4 address,
+    so one client has one name whichever socket it came through. A zone id (`%eth0`) names an
+    interface, not a client, and is dropped.
+    """
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or not _port_or_nothing(text[end + 1 :]):
+            return None
+        text = text[1:end]
+    elif text.count(":") == 1:
+        text, _, port = text.partition(":")
+        if not _port_or_nothing(":" + port):
+            return None
+    try:
+        if ":" in text:
+            value = int.from_bytes(socket.inet_pton(socket.AF_INET6, text.partition("%")[0]))
+            if value >> 32 == 0xFFFF:
+                return 4, value & 0xFFFF_FFFF
+            return 6, value
+        return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text))
+    except (OSError, ValueError):  # malformed; ValueError: a NUL or a non-ASCII character
+        return None
+
+
+def _port_or_nothing(rest: str) -> bool:
+    return not rest or (rest[0] == ":" and rest[1:].isascii() and rest[1:].isdigit())
+
+
+def format_ip(address: Address) -> str:
+    """The canonical text of an address (IPv6 compressed and in lower case)."""
+    version, value = address
+    if version == 4:
+        return socket.inet_ntop(socket.AF_INET, value.to_bytes(4))
+    return socket.inet_ntop(socket.AF_INET6, value.to_bytes(16))
+
+
+def throttle_key(address: Address | str) -> str:
+    """What the throttle counts by: the address, or for IPv6 the /64 it belongs to."""
+    if isinstance(address, str):
+        parsed = parse_ip(address)
+        if parsed is None:
+            return address
+        address = parsed
+    version, value = address
+    if version == 6:
+        shift = 128 - IPV6_PREFIX
+        return f"{format_ip((6, value >> shift << shift))}/{IPV6_PREFIX}"
+    return format_ip(address)
+
+
+# -- the throttle -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+    """When `tokens` was last brought up to date (monotonic seconds)."""
+    logged: bool = False
+    """This throttle episode was logged; a new episode starts when the bucket is full again."""
+
+
+class InvalidKeyThrottle:
+    """Invalid keys per client address: a token bucket of `per_minute`, refilled continuously.
+
+    A full bucket lets `per_minute` invalid keys through at once, then one every
+    `60 / per_minute` seconds. An address whose bucket holds less than one token is throttled
+    until it holds one again. Memory is bounded: at most `max_addresses` buckets, and a bucket
+    left alone until it is full again is dropped (a full bucket and none are the same).
+    """
+
+    def __init__(
+        self, per_minute: int, clock: Clock, *, max_addresses: int = MAX_ADDRESSES
+    ) -> None:
+        if per_minute < 1:
+            raise ValueError(f"per_minute must be at least 1, got {per_minute}")
+        self.capacity = float(per_minute)
+        self._rate = per_minute / 60.0
+        self._now = clock.monotonic
+        self._max_addresses = max_addresses
+        self._buckets: TTLCache[str, _Bucket] = TTLCache(
+            max_addresses, ttl=self.capacity / self._rate, timer=clock.monotonic
+        )
+        self._blocked: dict[str, float] = {}
+        """Throttled addresses, each with when it may present a key again (monotonic)."""
+        self._horizon = 0.0
+        """When the last of `_blocked` ends: past it, nothing is throttled."""
+
+    @property
+    def throttling(self) -> bool:
+        """Whether any address may be throttled: when not, callers need not name the client."""
+        if not self._blocked:
+            return False
+        if self._now() >= self._horizon:
+            self._blocked.clear()
+            return False
+        return True
+
+    def allow(self, address: str) -> bool:
+        """Whether `address` may present a key now (it records nothing)."""
+        return self.retry_after(address) is None
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds until `address` may present a key again; None when it may now."""
+        if not self._blocked:
+            return None
+        until = self._blocked.get(address)
+        if until is None:
+            return None
+        wait = until - self._now()
+        if wait <= 0:
+            del self._blocked[address]
+            return None
+        return wait
+
+    def failed(self, address: str) -> float | None:
+        """Record one invalid key from `address`; seconds it must wait when now throttled."""
+        now = self._now()
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            bucket = _Bucket(self.capacity, now)
+        else:
+            bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self._rate)
+            bucket.at = now
+            if bucket.tokens >= self.capacity:
+                bucket.logged = False
+        # Not below empty: an address that keeps failing while throttled waits one refill from
+        # its latest failure, and still gets the refill rate's trickle through, no more.
+        bucket.tokens = max(bucket.tokens - 1.0, 0.0)
+        self._buckets[address] = bucket  # setting it again restarts its TTL
+        if bucket.tokens >= 1.0:
+            return None
+        wait = (1.0 - bucket.tokens) / self._rate
+        self._block(address, now + wait, now)
+        if not bucket.logged:
+            bucket.logged = True
+            # An address is no secret; the key (or its hash) is never logged.
+            log.warning("invalid_key_throttled address=%s", address)
+        return wait
+
+    def _block(self, address: str, until: float, now: float) -> None:
+        blocked = self._blocked
+        if address not in blocked and len(blocked) >= self._max_addresses:
+            for stale in [a for a, t in blocked.items() if t <= now]:
+                del blocked[stale]
+            if len(blocked) >= self._max_addresses:
+                del blocked[next(iter(blocked))]  # the one blocked first
+        blocked[address] = until
+        self._horizon = max(self._horizon, until)
+
+
+# -- the gateway's guard ------------------------------------------------------------------------
+
+
+def throttled(wait_s: float) -> ProxyError:
+    seconds = max(1, math.ceil(wait_s))
+    return ProxyError(
+        ErrorCode.RATE_LIMITED,
+        f"too many invalid API keys from this address; retry after {seconds} s",
+        headers=((b"retry-after", str(seconds).encode()),),
+    )
+
+
+class KeyGuard:
+    """The throttle at the gateway: a request's client is named only when it matters.
+
+    A request pays for naming its client (and, with trusted proxies, reading its headers) only
+    when authentication refused its key, or while some address is throttled.
+    """
+
+    def __init__(self, throttle: InvalidKeyThrottle, trusted: Sequence[IPNetwork] = ()) -> None:
+        self._throttle = throttle
+        self._trusted = TrustedProxies(trusted)
+
+    def address(self, scope: Scope) -> str:
+        """The throttle's name for the request's client (an IPv6 client's /64)."""
+        return throttle_key(_client(scope, self._trusted))
+
+    def check(self, scope: Scope) -> None:
+        """Refuse (429 `rate_limited`, with `Retry-After`) a client that is throttled."""
+        if not self._throttle.throttling:
+            return
+        wait = self._throttle.retry_after(self.address(scope))
+        if wait is not None:
+            raise throttled(wait)
+
+    def admission(self, scope: Scope) -> Callable[[], None] | None:
+        """`check` for this request, to run just before its key is looked up on the control
+        plane (`AuthCache.authenticate(key, admit)`); None while nothing is throttled."""
+        if not self._throttle.throttling:
+            return None
+        return partial(self.check, scope)
+
+    def failed(self, scope: Scope) -> float | None:
+        """Count an `invalid_api_key` refusal against the request's client; seconds it must
+        wait when that throttles it (this request has its answer already: the 401)."""
+        return self._throttle.failed(self.address(scope))

@@ -1,0 +1,146 @@
+"""What a request may cost before it is sent (prompt bound, worst case), what it did cost, and
+when its spend is known to be in the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from proxy.limits.budgets import BudgetAsk, BudgetGuard, rules_of
+from proxy.limits.cost import INLINE_DATA_TOKENS, Prompt, Rates, rates_of
+from proxy.limits.counters import LocalCounters
+from proxy.limits.store import BudgetBucket
+from proxy.spend.estimate import estimate_tokens
+from tests.support.clock import ManualClock
+from vkgate.wire import BudgetState, Price
+
+SAMPLES = {
+    "english": "Which river runs through Paris? Answer in one sentence, please. " * 20,
+    "code": "def add(a: int, b: int) -> int:\n    return a + b  # sum\n" * 20,
+    "digits": "3.14159265358979 2.71828182845904 1.41421356237309 " * 20,
+    "chinese": "巴黎有哪条河流经过请用一句话回答" * 20,
+    "japanese": "パリを流れる川はどれですか。一文で答えてください。" * 20,
+    "russian": "Какая река протекает через Париж? Ответьте одним предложением. " * 20,
+}
+
+
+def chat_body(text: str) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": text}]}, ensure_ascii=False
+    ).encode()
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+def test_the_prompt_bound_is_at_least_what_a_tokenizer_counts(kind: str) -> None:
+    body = chat_body(SAMPLES[kind])
+    assert Prompt.of(body).at_most >= estimate_tokens(body.decode())
+
+
+def test_the_typical_estimate_of_english_is_close_to_a_tokenizers_count() -> None:
+    body = chat_body(SAMPLES["english"])
+    counted = estimate_tokens(body.decode())
+    assert counted * 0.8 <= Prompt.of(body).typical <= counted * 1.5
+
+
+def test_an_inline_image_counts_as_an_image_not_as_its_base64() -> None:
+    image = "data:image/png;base64," + base64.b64encode(bytes(300_000)).decode()
+    content = [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": image}},
+    ]
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+    prompt = Prompt.of(body)
+    assert prompt.inline == 1
+    assert INLINE_DATA_TOKENS < prompt.at_most < INLINE_DATA_TOKENS + 100
+
+
+def test_an_anthropic_base64_image_counts_as_an_image() -> None:
+    data = base64.b64encode(bytes(300_000)).decode()
+    source = {"type": "base64", "media_type": "image/png", "data": data}
+    content = [{"type": "image", "source": source}, {"type": "text", "text": "what is this?"}]
+    body = json.dumps(
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": content}]}
+    ).encode()
+    prompt = Prompt.of(body)
+    assert prompt.inline == 1
+    assert INLINE_DATA_TOKENS < prompt.typical < prompt.at_most < INLINE_DATA_TOKENS + 200
+
+
+def test_costs_round_up_to_the_nano_dollar() -> None:
+    rates = rates_of(Price(input_per_mtok="0.15", output_per_mtok="0.6"))
+    assert rates == Rates(
+        input=150_000_000, output=600_000_000, cache_read=150_000_000, cache_write=150_000_000
+    )
+    assert rates is not None
+    assert rates.cost(1, 0) == 150  # 0.15 USD per million is 150 nano-USD a token
+    assert rates.cost(1_000_000, 1_000_000) == 750_000_000
+    tiny = rates_of(Price(input_per_mtok="0.0001", output_per_mtok="0"))
+    assert tiny is not None
+    # 0.1 nano-USD is charged as 1: a reservation never falls short by a rounding.
+    assert tiny.cost(1, 0) == 1
+
+
+def test_cached_input_is_charged_at_its_own_rate() -> None:
+    rates = rates_of(
+        Price(
+            input_per_mtok="3",
+            output_per_mtok="15",
+            cache_read_per_mtok="0.3",
+            cache_write_per_mtok="3.75",
+        )
+    )
+    assert rates is not None
+    # 1,000 input of which 600 read from cache and 100 written to it.
+    assert (
+        rates.cost(1_000, 0, cache_read=600, cache_write=100)
+        == 300 * 3_000 + 600 * 300 + 100 * 3_750
+    )
+
+
+def test_a_price_that_is_not_a_number_gives_no_rates() -> None:
+    assert rates_of(Price(input_per_mtok="free", output_per_mtok="1")) is None
+    assert rates_of(None) is None
+
+
+def state(budget_id: str) -> BudgetState:
+    return BudgetState(budget_id, None, "organization", None, "total", "1", "block")
+
+
+def test_without_the_filtered_providers_the_rest_is_reserved_at_its_own_worst_case() -> None:
+    org = BudgetBucket("bg:org", 10**9, 0, 0.0, True, 0, None)
+    filtered = BudgetBucket("bg:a", 10, 0, 0.0, True, 1, None)
+    rules = list(rules_of([state("org"), state("a")]))
+    ask = BudgetAsk(
+        [org, filtered], [500, 500], rules, {"prov-a": 1}, {"prov-a": 500, "prov-b": 20}
+    )
+    rest = ask.without_groups()
+    assert rest.buckets == [org]
+    assert rest.rules == rules[:1]
+    assert rest.amounts == [20]
+    assert rest.costs("prov-b", 7) == [7]
+
+
+async def test_settled_spend_is_marked_acknowledged_whatever_order_requests_finished_in() -> None:
+    class Counting(LocalCounters):
+        def __init__(self) -> None:
+            super().__init__()
+            self.acknowledged: list[tuple[str, str]] = []
+
+        async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
+            self.acknowledged.extend(entries)
+            await super().ledgered(entries, now)
+
+    counters = Counting()
+    guard = BudgetGuard(counters, ManualClock(), spend_source=None, default_output_tokens=1)
+    bucket = BudgetBucket("bg:k", 10**9, 0, 0.0, True, 0, None)
+    ask = BudgetAsk([bucket], [5], list(rules_of([state("k")])), {}, {"p": 5})
+    # Request 7's outcome was written after request 9's, but it finished first.
+    guard.settled(9, ask, "h9", [3])
+    guard.settled(7, ask, "h7", [3])
+    guard.ledgered_through(8)
+    await asyncio.sleep(0)  # the acknowledgement is handed to the counters in a task
+    assert counters.acknowledged == [("bg:k", "h7")]
