@@ -7,6 +7,12 @@ every step is bounded by wrk's duration, and only the processes started here are
 
     .venv/bin/python bench/proxy_overhead.py                       # uvicorn, c=1,16,64, 10 s
     .venv/bin/python bench/proxy_overhead.py --servers uvicorn,granian --duration 5
+    .venv/bin/python bench/proxy_overhead.py --governance none,local,redis
+
+`--governance` picks the keys measured: `none` (no limits, no budget), `local` (a key with rpm,
+tpm, rpd and max_concurrency limits and a budget, counters in-process) and `redis` (the same
+key, with the proxy's counters in Redis at `--redis-url`): the difference is what rate limits
+and budget reservations cost per request.
 
 Needs nginx and wrk (`apt-get install nginx-light wrk`).
 """
@@ -99,8 +105,14 @@ def wrk(url: str, concurrency: int, duration: str, env: dict[str, str]) -> tuple
     return float(rps), float(p50), float(p99), float(requests)
 
 
-def seed(controlplane: str, token: str, upstream: str) -> str:
-    """An organization whose key routes gpt-4o-mini (and -stream) to the upstream."""
+# High enough never to refuse during a run, so every request pays for every check.
+GOVERNED_LIMITS = {"rpm": 10**9, "tpm": 10**12, "rpd": 10**9, "max_concurrency": 100_000}
+PRICE = {"input_per_mtok": "0.15", "output_per_mtok": "0.6"}
+
+
+def seed(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
+    """An organization whose keys route gpt-4o-mini (and -stream) to the upstream: one plain
+    key, and one with rate limits and a budget."""
     with httpx.Client(base_url=controlplane, headers={"Authorization": f"Bearer {token}"}) as api:
 
         def post(path: str, body: dict[str, object]) -> dict[str, object]:
@@ -121,6 +133,7 @@ def seed(controlplane: str, token: str, upstream: str) -> str:
                     "kind": "openai_compatible",
                     "base_url": upstream + path,
                     "api_key": "sk-bench-upstream",
+                    "price_overrides": {"gpt-4o-mini": PRICE},
                 },
             )["id"]
         policy = post(
@@ -140,7 +153,25 @@ def seed(controlplane: str, token: str, upstream: str) -> str:
             "/api/admin/virtual-keys",
             {"project_id": project, "name": "bench", "routing_policy_id": policy},
         )
-        return str(key["key"])
+        governed = post(
+            "/api/admin/virtual-keys",
+            {
+                "project_id": project,
+                "name": "bench-governed",
+                "routing_policy_id": policy,
+                "limits": GOVERNED_LIMITS,
+            },
+        )
+        post(
+            "/api/admin/budgets",
+            {
+                "organization_id": org,
+                "scope": {"kind": "virtual_key", "id": governed["id"]},
+                "window": "month",
+                "limit_usd": "1000000",
+            },
+        )
+        return str(key["key"]), str(governed["key"])
 
 
 def main() -> None:
@@ -149,7 +180,14 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--servers", default="uvicorn", help="comma list of uvicorn, granian")
     parser.add_argument("--stream-concurrency", default="1,16", help="empty to skip streams")
+    parser.add_argument(
+        "--governance", default="none", help="comma list of none, local, redis (keys measured)"
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
+    modes = [m for m in args.governance.split(",") if m]
+    if set(modes) - {"none", "local", "redis"}:
+        raise SystemExit("--governance takes none, local and redis")
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed: apt-get install nginx-light wrk")
@@ -187,7 +225,7 @@ def main() -> None:
     ):
         wait_ok(f"{upstream}/healthz", nginx)
         wait_ok(f"http://127.0.0.1:{cp_port}/healthz", cp)
-        key = seed(f"http://127.0.0.1:{cp_port}", token, upstream)
+        plain_key, governed_key = seed(f"http://127.0.0.1:{cp_port}", token, upstream)
         direct = {
             "plain": f"{upstream}/v1/chat/completions",
             "stream": f"{upstream}/stream/v1/chat/completions",
@@ -203,25 +241,30 @@ def main() -> None:
             env,
         )
         for server in args.servers.split(","):
-            port = free_port()
-            proxy_env = {
-                **env,
-                "VKGATE_PROXY_ADDR": f"127.0.0.1:{port}",
-                "VKGATE_PROXY_SERVER": server,
-            }
-            with started([*vkgate, "proxy"], proxy_env, work / f"proxy-{server}.log") as proxy:
-                wait_ok(f"http://127.0.0.1:{port}/healthz", proxy)
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                measure(
-                    rows,
-                    f"vkgate ({server})",
-                    {"plain": url, "stream": url},
-                    key,
-                    concurrencies,
-                    stream_concurrencies,
-                    args.duration,
-                    env,
-                )
+            for mode in modes:
+                port = free_port()
+                proxy_env = {
+                    **env,
+                    "VKGATE_PROXY_ADDR": f"127.0.0.1:{port}",
+                    "VKGATE_PROXY_SERVER": server,
+                }
+                if mode == "redis":
+                    proxy_env["VKGATE_REDIS_URL"] = args.redis_url
+                name = f"vkgate ({server})" if mode == "none" else f"vkgate ({server}, {mode})"
+                log = work / f"proxy-{server}-{mode}.log"
+                with started([*vkgate, "proxy"], proxy_env, log) as proxy:
+                    wait_ok(f"http://127.0.0.1:{port}/healthz", proxy)
+                    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                    measure(
+                        rows,
+                        name,
+                        {"plain": url, "stream": url},
+                        plain_key if mode == "none" else governed_key,
+                        concurrencies,
+                        stream_concurrencies,
+                        args.duration,
+                        env,
+                    )
     print_table(rows)
     shutil.rmtree(work, ignore_errors=True)
 
