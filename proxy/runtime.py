@@ -46,13 +46,6 @@ class KeyRuntime:
     budget_rules: tuple[BudgetRule, ...] = ()
     """Every budget the key's requests may fall under."""
 
-    @property
-    def needs_estimate(self) -> bool:
-        """Whether a request needs its prompt's tokens estimated before it is sent."""
-        return bool(self.budget_rules) or (
-            self.rate_plan is not None and bool(self.rate_plan.tokens)
-        )
-
 
 def parse_time(value: str | None) -> float | None:
     return datetime.fromisoformat(value).timestamp() if value else None

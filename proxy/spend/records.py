@@ -53,8 +53,8 @@ class Ticket:
         """The request, once read and resolved."""
         self.settled = False
         self.record: SpendRecord | None = None
-        """The outcome record once written: its tokens settle budgets, its seq tracks when the
-        ledger has it."""
+        """The outcome record once made: its tokens settle budgets, its seq (0 when the spool
+        could not take it) says when the ledger has it."""
         # Raises SpoolError when nothing can be written: the caller refuses the request.
         spool.append(
             SpendRecord(
@@ -130,7 +130,7 @@ class Ticket:
             record.usage_source = UsageSource.PROVIDER
         elif served and request is not None:
             # The provider said nothing of usage: estimated, and the record says so.
-            record.input_tokens = estimate_tokens(prompt_text(request.body))
+            record.input_tokens = estimate_tokens(_prompt_text(request.body))
             record.output_tokens = outcome.estimated_output_tokens
             record.usage_source = UsageSource.ESTIMATED
         return record
@@ -140,7 +140,7 @@ _INLINE_DATA = re.compile(rb'"data:[^"]{64,}"')
 _INLINE_DATA_TOKENS = b'"(inline data)"'
 
 
-def prompt_text(body: bytes) -> str:
+def _prompt_text(body: bytes) -> str:
     """The request for a token estimate: inline images and files (base64 `data:` URLs) stand in
     as a few tokens instead of hundreds of thousands."""
     return _INLINE_DATA.sub(_INLINE_DATA_TOKENS, body).decode("utf-8", "replace")

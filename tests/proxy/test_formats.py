@@ -9,7 +9,7 @@ import msgspec
 from proxy.formats import ChatExchange
 from proxy.providers import Upstream
 from proxy.providers.base import WireFormat
-from proxy.spend.records import prompt_text
+from proxy.spend.records import _prompt_text
 
 ANTHROPIC_BODY = json.dumps(
     {"model": "alias", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -84,5 +84,5 @@ def test_usage_is_read_before_an_answer_is_rendered() -> None:
 def test_an_estimate_counts_inline_images_as_a_few_tokens() -> None:
     image = "data:image/png;base64," + "A" * 100_000
     body = json.dumps({"messages": [{"content": [{"image_url": {"url": image}}]}]}).encode()
-    text = prompt_text(body)
+    text = _prompt_text(body)
     assert len(text) < 100 and "inline data" in text
