@@ -143,6 +143,9 @@ class Gateway:
         )
         self.budgets = self._governor.budgets
         self._max_body = settings.max_body_bytes
+        self._max_in_flight = settings.max_in_flight
+        self.in_flight = 0
+        """Paid requests admitted and not yet finished."""
         self._cache = cache
         self._spool = spool
         self._now = clock.monotonic
@@ -252,8 +255,11 @@ class Gateway:
         status: int = 500
         code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         hold: Hold | None = None
+        admitted = False
         try:
             runtime = ticket.runtime = await self._authenticate(scope, head)
+            self._admit()
+            admitted = True
             body = await read_body(receive, self._max_body, head.content_length)
             prepared = ticket.request = route.prepare(runtime, head, body)
             refused: ProxyError | None = None
@@ -310,8 +316,23 @@ class Gateway:
             # Exactly one outcome record per admitted request, whatever happened; a refusal's
             # is written before the refusal is sent, an answer's before its last byte.
             ticket.settle(outcome, status, code, self._now())
+            if admitted:
+                self.in_flight -= 1
             if hold is not None:
                 await self._finish(hold, ticket, outcome)
+
+    def _admit(self) -> None:
+        """Admission control: a bounded number of requests in flight in this process, so an
+        overload is refused at once (and another replica tried) instead of queueing until
+        every request times out."""
+        if self.in_flight >= self._max_in_flight:
+            raise ProxyError(
+                ErrorCode.GATEWAY_BUSY,
+                f"this gateway process is serving its limit of {self._max_in_flight} requests; "
+                "retry shortly",
+                headers=((b"retry-after", b"1"),),
+            )
+        self.in_flight += 1
 
     async def _finish(self, hold: Hold, ticket: records.Ticket, outcome: Outcome) -> None:
         """Release what the request held and count what it spent, from its outcome record."""

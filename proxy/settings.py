@@ -61,6 +61,8 @@ class ProxySettings:
     """How long a key the control plane did not know is refused without asking again."""
     invalid_keys_per_minute: int = 60
     """Unknown keys one client address may present per minute before it is throttled."""
+    max_in_flight: int = 2048
+    """Requests one proxy process serves at once; more are refused `503 gateway_busy`."""
     budget_default_output_tokens: int = 4096
     """Output a budget reserves for a request naming no `max_tokens`, when the model's own
     output cap is unknown."""
@@ -112,6 +114,7 @@ class ProxySettings:
             trusted_proxy_cidrs=_cidrs(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
             invalid_key_cache_s=_seconds(env, "VKGATE_INVALID_KEY_CACHE_SECONDS", 30.0),
             invalid_keys_per_minute=E.integer(env, "VKGATE_INVALID_KEYS_PER_MINUTE", 60, minimum=1),
+            max_in_flight=E.integer(env, "VKGATE_MAX_IN_FLIGHT", 2048, minimum=1),
             budget_default_output_tokens=E.integer(
                 env, "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS", 4096, minimum=1
             ),

@@ -60,6 +60,7 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_INVALID_KEY_CACHE_SECONDS",
         "VKGATE_INVALID_KEYS_PER_MINUTE",
         "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS",
+        "VKGATE_MAX_IN_FLIGHT",
     }
 )
 
