@@ -24,8 +24,8 @@ from cachetools import LRUCache, TTLCache
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers import Provider
-from proxy.runtime import KeyRuntime, compile_bundle, parse_time
-from vkgate.clock import Clock
+from proxy.runtime import KeyRuntime, compile_bundle
+from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
 from vkgate.wire import ChangeEvent, EventKind, ResolveKeyResponse
@@ -236,14 +236,14 @@ class AuthCache:
         self, digest: str, resolution: ResolveKeyResponse, runtime: KeyRuntime, etag: str | None
     ) -> Entry:
         now = self._clock.now().timestamp()
-        resolved_until = parse_time(resolution.expires_at) or now
+        resolved_until = unix_seconds(resolution.expires_at) or now
         return Entry(
             digest=digest,
             runtime=runtime,
             etag=etag,
             resolved_until=resolved_until,
             hard_until=resolved_until + self._hard_grace_s,
-            key_expires_at=parse_time(resolution.key_expires_at),
+            key_expires_at=unix_seconds(resolution.key_expires_at),
             config_due=now + self._config_ttl_s,
         )
 
@@ -312,9 +312,9 @@ class AuthCache:
         if entry.must_resolve or now >= entry.resolved_until - RESOLVE_AHEAD_S:
             resolution = await self._control.resolve_key(entry.digest)
             entry.must_resolve = False
-            entry.resolved_until = parse_time(resolution.expires_at) or now
+            entry.resolved_until = unix_seconds(resolution.expires_at) or now
             entry.hard_until = entry.resolved_until + self._hard_grace_s
-            entry.key_expires_at = parse_time(resolution.key_expires_at)
+            entry.key_expires_at = unix_seconds(resolution.key_expires_at)
         config = await self._control.config(entry.runtime.vk_id, entry.etag)
         if config.bundle is not None:
             entry.runtime = compile_bundle(config.bundle, self._providers)

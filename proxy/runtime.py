@@ -10,7 +10,6 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 
 import msgspec
 
@@ -18,6 +17,7 @@ from proxy.limits.budgets import BudgetRule, rules_of
 from proxy.limits.cost import rates_of
 from proxy.limits.rates import RatePlan, plan_of
 from proxy.providers import Provider, ProviderMisconfigured, Upstream
+from vkgate.clock import unix_seconds
 from vkgate.wire import BudgetState, ConfigBundle, Limits
 
 log = logging.getLogger("vkgate.proxy")
@@ -45,10 +45,6 @@ class KeyRuntime:
     """The key's and its team's rate limits; None when it has none."""
     budget_rules: tuple[BudgetRule, ...] = ()
     """Every budget the key's requests may fall under."""
-
-
-def parse_time(value: str | None) -> float | None:
-    return datetime.fromisoformat(value).timestamp() if value else None
 
 
 def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> KeyRuntime:
@@ -104,7 +100,7 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
         project_id=bundle.project_id,
         team_id=bundle.team_id,
         revision=bundle.revision,
-        expires_at=parse_time(bundle.expires_at),
+        expires_at=unix_seconds(bundle.expires_at),
         chains=chains,
         not_allowed=frozenset(not_allowed),
         models_body=msgspec.json.encode(models),

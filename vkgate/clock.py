@@ -25,6 +25,11 @@ class SystemClock:
         return time.monotonic()
 
 
+def unix_seconds(text: str | None) -> float | None:
+    """An RFC 3339 time from the wire as unix seconds; None for none."""
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
 def rfc3339(moment: datetime) -> str:
     """RFC 3339 UTC with a `Z`, the only time format on vkgate's wire."""
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

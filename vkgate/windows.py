@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+WINDOWS = ("day", "week", "month", "total")
+
 
 def window_bounds(window: str, now: datetime) -> tuple[datetime | None, datetime | None]:
     """The current calendar window (UTC) of a budget: a day, a week from Monday, a month;

@@ -18,7 +18,6 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -26,18 +25,17 @@ from cachetools import LRUCache
 from proxy.errors import ProxyError
 from proxy.limits.store import BudgetBucket, Counters, Reservation
 from proxy.providers import Upstream
-from vkgate.clock import Clock
+from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd, usd_to_nanos
 from vkgate.spend import BudgetBucketSpend
-from vkgate.windows import window_bounds
+from vkgate.windows import WINDOWS, window_bounds
 from vkgate.wire import BudgetState
 
 log = logging.getLogger("vkgate.proxy.limits")
 
 WARN_AT = 0.8
 """A `warn` budget adds `X-Vkgate-Budget-Warning` from this share of its limit."""
-WINDOWS = ("day", "week", "month", "total")
 HOLD_S = 86_400.0
 """Settled spend not acknowledged by the ledger within this long stops being counted: longer than
 a control plane may be away while cached keys are still served (`hard_grace_s`, 6 h by default),
@@ -79,7 +77,6 @@ class BudgetRule:
 def rules_of(states: Sequence[BudgetState]) -> tuple[BudgetRule, ...]:
     rules = []
     for state in states:
-        start = datetime.fromisoformat(state.window_start) if state.window_start else None
         rules.append(
             BudgetRule(
                 budget_id=state.budget_id,
@@ -90,18 +87,14 @@ def rules_of(states: Sequence[BudgetState]) -> tuple[BudgetRule, ...]:
                 limit_usd=state.limit_usd,
                 limit_nanos=usd_to_nanos(state.limit_usd),
                 ledger_nanos=usd_to_nanos(state.spent_usd),
-                ledger_window=start.timestamp() if start else None,
-                ledger_as_of=_timestamp(state.spent_as_of),
+                ledger_window=unix_seconds(state.window_start),
+                ledger_as_of=unix_seconds(state.spent_as_of) or 0.0,
                 blocking=state.on_breach != "warn",
                 provider_id=state.provider_id,
                 per_end_user=state.scope_kind == "end_user" and state.scope_id is None,
             )
         )
     return tuple(rules)
-
-
-def _timestamp(value: str | None) -> float:
-    return datetime.fromisoformat(value).timestamp() if value else 0.0
 
 
 class BucketSpendSource(Protocol):
@@ -361,7 +354,7 @@ class BudgetGuard:
                 type(exc).__name__,
             )
             return (cached[0], cached[1]) if cached is not None else (0, 0.0)
-        as_of = _timestamp(answer.as_of)
+        as_of = unix_seconds(answer.as_of) or 0.0
         self._end_users[key] = (nanos, as_of, now)
         return nanos, as_of
 

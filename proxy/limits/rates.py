@@ -42,10 +42,11 @@ class _Limit:
     per_second: float
     label: str
     """For the refusal's message: `60 requests per minute for this key`."""
+    capacity_bytes: bytes = b""
+    """The limit as its header value, written once."""
 
-    @property
-    def capacity_bytes(self) -> bytes:
-        return b"%d" % self.capacity
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "capacity_bytes", b"%d" % self.capacity)
 
 
 @dataclass(frozen=True, slots=True)

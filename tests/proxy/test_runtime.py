@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 import pytest
 
 from proxy.providers.mock import MockProvider
-from proxy.runtime import compile_bundle, parse_time
+from proxy.runtime import compile_bundle
 from tests.support.clock import ManualClock
+from vkgate.clock import unix_seconds
 from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
 
 
@@ -172,5 +173,5 @@ def test_a_key_without_expiry_has_none(providers: dict[str, MockProvider]) -> No
         ("", None),
     ],
 )
-def test_parse_time_reads_rfc3339(value: str | None, expected: float | None) -> None:
-    assert parse_time(value) == expected
+def test_unix_seconds_reads_rfc3339(value: str | None, expected: float | None) -> None:
+    assert unix_seconds(value) == expected
