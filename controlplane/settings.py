@@ -57,6 +57,10 @@ class ControlPlaneSettings:
     feed_poll_interval_s: float = 2.0
     """How often a waiting long-poll re-reads the feed, for writes made by another replica."""
     log_level: str = "INFO"
+    log_format: str = "json"
+    shutdown_grace_s: float = 10.0
+    """How long a stopping control plane waits for requests in progress (long-polls are
+    answered at once)."""
     ledger: LedgerLocation = LedgerLocation(kind="chdb", path=Path(".vkgate") / "ledger")
 
     @classmethod
@@ -86,6 +90,8 @@ class ControlPlaneSettings:
                 env, "VKGATE_FEED_POLL_INTERVAL_SECONDS", 2.0, minimum=0.05
             ),
             log_level=E.log_level(env),
+            log_format=E.log_format(env),
+            shutdown_grace_s=E.number(env, "VKGATE_SHUTDOWN_GRACE_SECONDS", 10.0),
             ledger=ledger_location(env, home),
         )
 

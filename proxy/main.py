@@ -47,8 +47,9 @@ def serve(settings: ProxySettings) -> None:
         workers=settings.workers,
         loop="uvloop",
         http="httptools",
+        log_config=None,
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )

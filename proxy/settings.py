@@ -11,6 +11,7 @@ from proxy.spend.spool import REPLICA_ID, FullPolicy
 from vkgate import env as E
 
 DEFAULT_ADDR = "127.0.0.1:5563"
+DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 DEFAULT_CONTROLPLANE_URL = "http://127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVERS = ("uvicorn", "granian")
@@ -42,6 +43,20 @@ class ProxySettings:
     server: str = "uvicorn"
     workers: int = 1
     log_level: str = "INFO"
+    log_format: str = "json"
+    log_requests: bool = True
+    """Write a `request_completed` event for every request."""
+    telemetry_key: bytes | None = None
+    """`VKGATE_TELEMETRY_KEY`: end users appear in logs and traces as an HMAC under it, and not
+    at all without it."""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 9464
+    """None: no metrics listener (`VKGATE_METRICS_ADDR=off`)."""
+    metrics_token: str | None = None
+    otel_endpoint: str | None = None
+    """OTLP/HTTP collector base URL; set, the proxy traces requests."""
+    otel_service_name: str = "vkgate-proxy"
+    otel_sample_ratio: float = 1.0
     spool_dir: Path = Path(".vkgate/spool")
     """`VKGATE_SPOOL_DIR`; by default `$VKGATE_HOME/spool`."""
     spend_flush_interval_s: float = 1.0
@@ -77,6 +92,7 @@ class ProxySettings:
         server = (E.string(env, "VKGATE_PROXY_SERVER") or "uvicorn").lower()
         if server not in SERVERS:
             raise E.SettingError(f"VKGATE_PROXY_SERVER must be uvicorn or granian, got {server!r}")
+        metrics_host, metrics_port = _metrics_address(env)
         return cls(
             internal_secret=E.secret(env, "VKGATE_INTERNAL_SECRET"),
             host=host,
@@ -98,6 +114,15 @@ class ProxySettings:
             server=server,
             workers=E.integer(env, "VKGATE_PROXY_WORKERS", 1, minimum=1),
             log_level=E.log_level(env),
+            log_format=E.log_format(env),
+            log_requests=E.boolean(env, "VKGATE_LOG_REQUESTS", True),
+            telemetry_key=_telemetry_key(env),
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+            metrics_token=E.string(env, "VKGATE_METRICS_TOKEN"),
+            otel_endpoint=_otel_endpoint(env),
+            otel_service_name=E.string(env, "VKGATE_OTEL_SERVICE_NAME") or "vkgate-proxy",
+            otel_sample_ratio=_ratio(env, "VKGATE_OTEL_SAMPLE_RATIO", 1.0),
             spool_dir=Path(E.string(env, "VKGATE_SPOOL_DIR") or E.home(env) / "spool"),
             spend_flush_interval_s=_seconds(env, "VKGATE_SPEND_FLUSH_INTERVAL_SECONDS", 1.0),
             spend_spool_max_bytes=E.integer(
@@ -119,6 +144,34 @@ class ProxySettings:
                 env, "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS", 4096, minimum=1
             ),
         )
+
+
+def _metrics_address(env: Mapping[str, str]) -> tuple[str, int | None]:
+    if (E.string(env, "VKGATE_METRICS_ADDR") or "").lower() == "off":
+        return "127.0.0.1", None
+    return E.address(env, "VKGATE_METRICS_ADDR", DEFAULT_METRICS_ADDR)
+
+
+def _telemetry_key(env: Mapping[str, str]) -> bytes | None:
+    value = E.optional_secret(env, "VKGATE_TELEMETRY_KEY")
+    return value.encode() if value is not None else None
+
+
+def _otel_endpoint(env: Mapping[str, str]) -> str | None:
+    url = E.string(env, "VKGATE_OTEL_ENDPOINT")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise E.SettingError(
+            "VKGATE_OTEL_ENDPOINT must be the http(s) URL of an OTLP/HTTP collector "
+            "(http://collector:4318)"
+        )
+    return url.rstrip("/") if url is not None else None
+
+
+def _ratio(env: Mapping[str, str], name: str, default: float) -> float:
+    value = E.number(env, name, default)
+    if value > 1:
+        raise E.SettingError(f"{name} must be between 0 and 1, got {value}")
+    return value
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -19,6 +19,9 @@ KNOWN: frozenset[str] = frozenset(
     {
         "VKGATE_HOME",
         "VKGATE_LOG_LEVEL",
+        "VKGATE_LOG_FORMAT",
+        "VKGATE_TELEMETRY_KEY",
+        "VKGATE_SHUTDOWN_GRACE_SECONDS",
         # control plane
         "VKGATE_CONTROLPLANE_ADDR",
         "VKGATE_CONTROLPLANE_URL",
@@ -50,7 +53,6 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_PROXY_SERVER",
         "VKGATE_PROXY_WORKERS",
         "VKGATE_SPEND_SPOOL_FULL_POLICY",
-        "VKGATE_SHUTDOWN_GRACE_SECONDS",
         "VKGATE_REPLICA_ID",
         "VKGATE_CIRCUIT_THRESHOLD",
         "VKGATE_CIRCUIT_WINDOW_S",
@@ -61,6 +63,10 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_INVALID_KEYS_PER_MINUTE",
         "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS",
         "VKGATE_MAX_IN_FLIGHT",
+        "VKGATE_LOG_REQUESTS",
+        "VKGATE_OTEL_ENDPOINT",
+        "VKGATE_OTEL_SERVICE_NAME",
+        "VKGATE_OTEL_SAMPLE_RATIO",
     }
 )
 
@@ -163,6 +169,38 @@ def log_level(env: Mapping[str, str]) -> str:
     value = (string(env, "VKGATE_LOG_LEVEL", "INFO") or "INFO").upper()
     if value not in LOG_LEVELS:
         raise SettingError(f"VKGATE_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {value!r}")
+    return value
+
+
+LOG_FORMATS = ("json", "text")
+
+
+def log_format(env: Mapping[str, str]) -> str:
+    value = (string(env, "VKGATE_LOG_FORMAT", "json") or "json").lower()
+    if value not in LOG_FORMATS:
+        raise SettingError(f"VKGATE_LOG_FORMAT must be json or text, got {value!r}")
+    return value
+
+
+def boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = string(env, name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(f"{name} must be true or false, got {raw!r}")
+
+
+def optional_secret(env: Mapping[str, str], name: str) -> str | None:
+    """A secret of at least 32 characters, or None when unset."""
+    value = env.get(name)
+    if not value:
+        return None
+    if len(value) < SECRET_MIN_LENGTH:
+        raise SettingError(f"{name} must be at least {SECRET_MIN_LENGTH} characters long")
     return value
 
 

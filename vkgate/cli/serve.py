@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import logging
 import os
 import secrets
 import signal
@@ -19,6 +18,7 @@ import click
 
 from vkgate import env as E
 from vkgate.cli._client import SECRETS_FILE
+from vkgate.logs import configure as configure_logging
 
 if TYPE_CHECKING:
     import uvicorn
@@ -91,14 +91,6 @@ def ledger_errors() -> Iterator[None]:
         raise click.ClickException(f"spend ledger (VKGATE_LEDGER_URL): {exc}") from None
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
-    )
-    # One line per internal call is noise at INFO; failures are logged by vkgate itself.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
-
-
 def serve_controlplane(
     settings: ControlPlaneSettings, *, child: subprocess.Popen[bytes] | None = None
 ) -> None:
@@ -119,10 +111,11 @@ def serve_controlplane(
         port=settings.port,
         loop="uvloop",
         http="httptools",
+        log_config=None,
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
     server = uvicorn.Server(config) if child is None else _supervising(config, child)
     server.run()
@@ -184,7 +177,7 @@ def up(demo: bool) -> None:
     settings = load_settings(ControlPlaneSettings.from_env, merged)
     merged.setdefault("VKGATE_CONTROLPLANE_URL", f"http://{settings.host}:{settings.port}")
     proxy_settings = load_settings(ProxySettings.from_env, merged)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
         upgrade(settings.database_url)
         upgrade_ledger(settings.ledger)
@@ -268,7 +261,7 @@ def proxy() -> None:
     from proxy.settings import ProxySettings
 
     settings = load_settings(ProxySettings.from_env, E.environment())
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     serve(settings)
 
 
@@ -281,7 +274,7 @@ def controlplane(migrate: bool) -> None:
     from controlplane.settings import ControlPlaneSettings
 
     settings = load_settings(ControlPlaneSettings.from_env, E.environment())
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
         if migrate:
             upgrade(settings.database_url)

@@ -1,0 +1,166 @@
+"""Structured logs for both services: JSON lines (or text) whose fields come from an allowlist.
+
+An event is `event(log, "request_completed", status=200, ...)`: a name and keyword fields. The
+formatter writes only fields named in `FIELDS`; any other is dropped, so a careless call cannot
+put a prompt, a raw key or a provider credential in a log line. End users are never logged as
+given: `pseudonym` turns them into an HMAC under `VKGATE_TELEMETRY_KEY`, or leaves them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+# Every structured field any event may carry. Values are ids, counts, codes, durations and
+# names from configuration, never request or response content.
+FIELDS: frozenset[str] = frozenset(
+    {
+        # requests
+        "route",
+        "method",
+        "status",
+        "code",
+        "duration_ms",
+        "ttfb_ms",
+        "request_id",
+        "trace_id",
+        "vk_id",
+        "organization_id",
+        "project_id",
+        "team_id",
+        "model",
+        "served_model",
+        "provider",
+        "attempts",
+        "attempt",
+        "stream",
+        "end_user_hash",
+        "input_tokens",
+        "output_tokens",
+        "cause",
+        # circuit breakers
+        "failures",
+        "window_s",
+        "cooldown_s",
+        # spool and ledger
+        "segment",
+        "records",
+        "bytes",
+        "rejected",
+        "backlog_segments",
+        "ingested",
+        "duplicates",
+        # change feed and configuration
+        "revision",
+        "events",
+        "kind",
+        "etag",
+        # admin mutations
+        "actor",
+        "action",
+        "resource_kind",
+        "resource_id",
+        # process
+        "pid",
+        "address",
+        "reason",
+        "grace_s",
+        "in_flight",
+        "released_polls",
+    }
+)
+
+_EXTRA = "vkgate_fields"
+_LEVELS = {
+    logging.DEBUG: "debug",
+    logging.INFO: "info",
+    logging.WARNING: "warning",
+    logging.ERROR: "error",
+    logging.CRITICAL: "critical",
+}
+
+
+def event(logger: logging.Logger, name: str, /, level: int = logging.INFO, **fields: Any) -> None:
+    """Log the event `name` with `fields` (only those in `FIELDS` are written)."""
+    if logger.isEnabledFor(level):
+        logger.log(level, name, extra={_EXTRA: fields})
+
+
+def pseudonym(key: bytes | None, value: str | None) -> str | None:
+    """An end user as logs and traces may show it: HMAC-SHA256 under the telemetry key, 16 hex
+    characters (enough to group one user's requests, useless to recover the id); None without
+    a key, so an unkeyed deployment logs no end user at all."""
+    if key is None or not value:
+        return None
+    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The allowlisted fields of an event record ({} for a plain message)."""
+    raw = getattr(record, _EXTRA, None)
+    if not raw:
+        return {}
+    return {name: value for name, value in raw.items() if name in FIELDS and value is not None}
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{seconds}.{int(record.msecs):03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, event (or message), allowlisted fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._encoder = msgspec.json.Encoder()
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": _timestamp(record),
+            "level": _LEVELS.get(record.levelno, record.levelname.lower()),
+            "logger": record.name,
+        }
+        fields = fields_of(record)
+        if hasattr(record, _EXTRA):
+            line["event"] = record.msg
+            line.update(fields)
+        else:
+            line["message"] = record.getMessage()
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return self._encoder.encode(line).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger: event key=value ...`, for a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if hasattr(record, _EXTRA):
+            pairs = " ".join(f"{name}={value}" for name, value in fields_of(record).items())
+            text = f"{record.msg} {pairs}".rstrip()
+        else:
+            text = record.getMessage()
+        line = f"{_timestamp(record)} {record.levelname} {record.name}: {text}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(level: str, log_format: str = "json") -> None:
+    """Send every logger's records, uvicorn's included, to stderr in `log_format`."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "granian", "_granian"):
+        server_logger = logging.getLogger(name)
+        server_logger.handlers.clear()
+        server_logger.propagate = True
+    # One line per internal call is noise at INFO; failures are logged by vkgate itself.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
