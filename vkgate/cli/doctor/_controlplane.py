@@ -1,0 +1,82 @@
+"""The doctor's checks of the control plane: its health routes and the signed internal API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import httpx
+import msgspec
+
+from vkgate import signing
+from vkgate.cli.doctor._result import Result, Status, shown_url
+from vkgate.clock import Clock
+from vkgate.probe import Failure, classify, error_message, from_status
+from vkgate.wire import INTERNAL_PREFIX, HealthResponse
+
+CLOCK_SKEW_WARN_S = 60.0
+"""Well inside the 300 s the internal API allows, so a drifting clock shows before it bites."""
+
+
+def check_controlplane(http: httpx.Client) -> tuple[Result, bool]:
+    """GET /healthz, then /readyz (`http` has the control plane's URL as its base); the result,
+    and whether the control plane is up at all (it answered /healthz)."""
+    where = shown_url(str(http.base_url).rstrip("/"))
+    try:
+        live = http.get("/healthz")
+        if live.status_code != 200:
+            failure = from_status(live.status_code, error_message(live.content))
+            return Result("control plane", Status.FAIL, f"{where}: {failure}", failure.fix), False
+        ready = http.get("/readyz")
+    except httpx.HTTPError as exc:
+        failure = classify(exc)
+        return Result("control plane", Status.FAIL, f"{where}: {failure}", failure.fix), False
+    try:
+        fields = msgspec.json.decode(ready.content, type=dict[str, str | int | float | bool])
+    except msgspec.DecodeError:
+        fields = {}
+    said = ", ".join(f"{name}={value}" for name, value in fields.items()) or "no JSON body"
+    if ready.status_code != 200:
+        return Result(
+            "control plane",
+            Status.FAIL,
+            f"{where}: live, but /readyz answered {ready.status_code} ({said})",
+            "the control plane cannot serve: see its log, and the database check here",
+        ), True
+    return Result("control plane", Status.OK, f"{where}: live; /readyz: {said}"), True
+
+
+def check_internal_api(http: httpx.Client, secret: str, clock: Clock) -> Result:
+    """A signed GET of the internal API's health route, as a proxy makes it."""
+    path = f"{INTERNAL_PREFIX}/health"
+    where = shown_url(str(http.base_url).rstrip("/"))
+    sent = clock.now()
+    headers = signing.signed_headers(secret, "GET", path, b"", sent.timestamp())
+    try:
+        response = http.get(path, headers=headers)
+    except httpx.HTTPError as exc:
+        failure = classify(exc)
+        return Result("internal API", Status.FAIL, f"{where}: {failure}", failure.fix)
+    if response.status_code != 200:
+        failure = from_status(response.status_code, error_message(response.content))
+        return Result("internal API", Status.FAIL, f"{where}: {failure}", failure.fix)
+    try:
+        health = msgspec.json.decode(response.content, type=HealthResponse)
+        their_time = datetime.fromisoformat(health.time)
+    except (msgspec.DecodeError, ValueError):
+        failure = Failure("protocol", "the health answer is not a vkgate control plane's")
+        return Result("internal API", Status.FAIL, f"{where}: {failure}", failure.fix)
+    midpoint = sent + (clock.now() - sent) / 2
+    skew = (their_time - midpoint).total_seconds()
+    found = (
+        f"signed round trip ok: revision {health.revision}, version {health.version}, "
+        f"clocks {abs(skew):.0f} s apart"
+    )
+    if abs(skew) > CLOCK_SKEW_WARN_S:
+        return Result(
+            "internal API",
+            Status.WARN,
+            found,
+            f"sync this machine's clock with the control plane's (NTP): at more than "
+            f"{signing.MAX_SKEW_SECONDS} s apart every signed call is refused",
+        )
+    return Result("internal API", Status.OK, found)
