@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import logging
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response, Router, get
@@ -12,8 +11,8 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.status_codes import HTTP_200_OK, HTTP_503_SERVICE_UNAVAILABLE
 from litestar.types import ControllerRouterHandler
-from sqlalchemy import text
 
 import vkgate
 from controlplane.auth import require_admin_token
@@ -25,10 +24,12 @@ from controlplane.feed.service import FeedNotifier
 from controlplane.internal.routes import internal_router
 from controlplane.keys.routes import VirtualKeyController
 from controlplane.ledger.store import Ledger
-from controlplane.metrics import Metrics
+from controlplane.lifecycle import Lifecycle
+from controlplane.metrics import Metrics, RequestMetrics
 from controlplane.orgs.routes import OrganizationController, ProjectController, TeamController
 from controlplane.policies.routes import RoutingPolicyController
 from controlplane.providers.routes import ProviderController
+from controlplane.readiness import ReadinessProbe
 from controlplane.schemas import DEPENDENCIES, Vk
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
@@ -38,8 +39,6 @@ from controlplane.state import AppState
 from controlplane.tokens.routes import AdminTokenController, audit_log
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
-
-log = logging.getLogger("vkgate.controlplane")
 
 ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     OrganizationController,
@@ -62,13 +61,13 @@ async def healthz() -> dict[str, str]:
 
 @get("/readyz", include_in_schema=False)
 async def readyz(vk: Vk) -> Response[dict[str, str]]:
-    try:
-        async with vk.read() as tx:
-            await tx.session.execute(text("SELECT 1"))
-    except Exception:  # any failure to reach the database means not ready
-        log.warning("readiness check: database unreachable")
-        return Response({"status": "database unreachable"}, status_code=503)
-    return Response({"status": "ok"})
+    """200 when the database and the spend ledger answer; 503 when one does not, or once
+    shutdown has begun (`draining`), so load balancers stop sending."""
+    checked = await vk.readiness.check()
+    return Response(
+        {"status": checked.status, "database": checked.database, "ledger": checked.ledger},
+        status_code=HTTP_200_OK if checked.ready else HTTP_503_SERVICE_UNAVAILABLE,
+    )
 
 
 @get("/metrics", include_in_schema=False, media_type=MediaType.TEXT)
@@ -94,6 +93,7 @@ def create_app(
     db = database or Database(create_engine(settings.database_url))
     spend_ledger = ledger or Ledger(settings.ledger)
     notifier = FeedNotifier()
+    lifecycle = Lifecycle(notifier=notifier, grace_s=settings.shutdown_grace_s)
     state = AppState(
         settings=settings,
         db=db,
@@ -101,9 +101,13 @@ def create_app(
         cipher=Cipher(settings.encryption_key),
         hasher=Hasher(settings.key_pepper),
         notifier=notifier,
-        metrics=Metrics(waiting_polls=lambda: notifier.waiting),
+        metrics=Metrics(
+            waiting_polls=lambda: notifier.waiting, serving=lambda: not lifecycle.draining
+        ),
         ledger=spend_ledger,
         pricer=Pricer(),
+        lifecycle=lifecycle,
+        readiness=ReadinessProbe(db=db, ledger=spend_ledger, draining=lambda: lifecycle.draining),
     )
 
     listener = (
@@ -112,25 +116,32 @@ def create_app(
         else PostgresFeedListener(settings.database_url, state.notifier)
     )
 
-    async def start_listener() -> None:
+    async def start() -> None:
+        lifecycle.hear_stop_signals()
         if listener is not None:
             await listener.start()
 
     async def close() -> None:
-        if listener is not None:
-            await listener.stop()
-        if database is None:
-            await db.close()
-        if ledger is None:
-            await spend_ledger.close()
+        # Reached without a stop signal too (the server stopping on its own, tests).
+        lifecycle.drain("lifespan_shutdown")
+        lifecycle.restore_signals()
+        try:
+            if listener is not None:
+                await listener.stop()
+            if database is None:
+                await db.close()
+            if ledger is None:
+                await spend_ledger.close()
+        finally:
+            lifecycle.completed()
 
     admin = Router(path="/", route_handlers=ADMIN_CONTROLLERS, guards=[require_admin_token])
-    return Litestar(
+    app = Litestar(
         route_handlers=[admin, internal_router, healthz, readyz, metrics],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
         state=State({"vk": state}),
-        on_startup=[start_listener],
+        on_startup=[start],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
@@ -149,6 +160,10 @@ def create_app(
         ),
         on_app_init=[_quiet],
     )
+    # Around the router rather than in each route's middleware stack: requests no route
+    # matched are counted too.
+    app.asgi_handler = RequestMetrics(app.asgi_handler, state.metrics)
+    return app
 
 
 def _quiet(config: AppConfig) -> AppConfig:

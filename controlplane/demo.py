@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from sqlalchemy import select
 
+from controlplane import audit
 from controlplane.db import Database, create_engine
 from controlplane.keys import service as keys
 from controlplane.keys.schemas import KeyCreate
@@ -102,7 +103,9 @@ async def seed(settings: ControlPlaneSettings, home: Path, clock: Clock | None =
                     ),
                 )
                 _save(home / KEY_FILE, key)
-            return Demo(organization_id=org.id, key=key)
+            demo = Demo(organization_id=org.id, key=key)
+        audit.committed(tx.mutations)
+        return demo
     finally:
         await database.close()
 

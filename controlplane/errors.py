@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane.ledger.client import LedgerError
 from vkgate.errors import ERRORS, ErrorCode
+from vkgate.logs import event
 from vkgate.spend import SPEND_COMMANDS_PATH
 from vkgate.wire import ErrorBody, ErrorDetail
 
@@ -126,16 +127,38 @@ def _on_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[by
     return render(ApiError(code, message))
 
 
-def _on_integrity(_: Request[Any, Any, Any], exc: IntegrityError) -> Response[bytes]:
+def _on_integrity(request: Request[Any, Any, Any], exc: IntegrityError) -> Response[bytes]:
     # Services check uniqueness first; this is the race where two writers pass that check.
-    log.info("integrity conflict: %s", type(exc.orig).__name__)
+    event(
+        log,
+        "integrity_conflict",
+        route=_route(request),
+        method=request.method,
+        cause=type(exc.orig).__name__,
+    )
     return render(conflict("the change conflicts with an existing resource"))
 
 
-def _on_ledger(_: Request[Any, Any, Any], exc: LedgerError) -> Response[bytes]:
+def _on_ledger(request: Request[Any, Any, Any], exc: LedgerError) -> Response[bytes]:
     # A ledger outage is not a bug of this request: said plainly, without a stack trace.
-    log.error("spend ledger: %s", exc)
+    state = request.app.state.get("vk")
+    if state is not None:
+        state.metrics.ledger_errors.inc()
+    event(
+        log,
+        "ledger_unavailable",
+        level=logging.ERROR,
+        route=_route(request),
+        method=request.method,
+        cause=exc.cause,
+    )
     return render(ApiError(ErrorCode.INTERNAL_ERROR, f"the spend ledger is unavailable: {exc}"))
+
+
+def _route(request: Request[Any, Any, Any]) -> str:
+    """The route's template (`/api/admin/teams/{team_id}`): a path may carry ids."""
+    template: str = request.scope.get("path_template") or "unmatched"
+    return template
 
 
 def _on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

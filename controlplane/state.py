@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from litestar.connection import ASGIConnection
@@ -16,8 +16,10 @@ from controlplane.errors import not_found
 from controlplane.feed import service as feed
 from controlplane.feed.service import FeedNotifier
 from controlplane.ledger.store import Ledger
+from controlplane.lifecycle import Lifecycle
 from controlplane.metrics import Metrics
 from controlplane.models import Base
+from controlplane.readiness import ReadinessProbe
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
 from controlplane.spend.pricing import Pricer
@@ -34,6 +36,8 @@ class Tx:
     session: AsyncSession
     clock: Clock
     actor: str
+    mutations: list[audit.Mutation] = field(default_factory=list)
+    """Audited in this transaction; logged and counted once it commits."""
 
     async def audit(
         self,
@@ -43,7 +47,7 @@ class Tx:
         organization_id: str | None,
         details: dict[str, Any] | None = None,
     ) -> None:
-        await audit.record(
+        mutation = await audit.record(
             self.session,
             clock=self.clock,
             actor=self.actor,
@@ -53,6 +57,7 @@ class Tx:
             organization_id=organization_id,
             details=details,
         )
+        self.mutations.append(mutation)
 
     async def event(
         self,
@@ -92,13 +97,20 @@ class AppState:
     metrics: Metrics
     ledger: Ledger
     pricer: Pricer
+    lifecycle: Lifecycle
+    readiness: ReadinessProbe
 
     @asynccontextmanager
     async def write(self, actor: str) -> AsyncIterator[Tx]:
-        """A write transaction; on commit, waiting long-polls are woken at once."""
+        """A write transaction; on commit, waiting long-polls are woken at once, and its
+        audited mutations are logged and counted."""
         async with self.db.transaction() as session:
-            yield Tx(session=session, clock=self.clock, actor=actor)
+            tx = Tx(session=session, clock=self.clock, actor=actor)
+            yield tx
         self.notifier.notify()
+        for m in tx.mutations:
+            self.metrics.admin_mutations.labels(m.resource_kind, m.action).inc()
+        audit.committed(tx.mutations)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

@@ -2,20 +2,89 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from pathlib import Path
 
 import httpx
+import pytest
+from litestar import Litestar
 
+from controlplane import readiness
 from controlplane.app import create_app
-from controlplane.db import Database
-from controlplane.settings import ControlPlaneSettings
+from controlplane.db import Database, create_engine
+from controlplane.ledger.store import Ledger
+from controlplane.settings import ControlPlaneSettings, LedgerLocation
 from tests.conftest import Internal, World, serve_in_loop
 from tests.support.clock import ManualClock
 
 
 async def test_health_and_readiness_answer_without_a_token(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
-    assert (await client.get("/readyz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "database": "ok", "ledger": "ok"}
+
+
+async def test_an_unreachable_ledger_makes_the_control_plane_unready_without_naming_it(
+    settings: ControlPlaneSettings, clean_database: Database, clock: ManualClock
+) -> None:
+    down = LedgerLocation(
+        kind="http",
+        host="127.0.0.1",
+        port=9,
+        database="spend",
+        username="spender",
+        password="ledger-password-7f3a",
+    )
+    ledger = Ledger(down)
+    app = create_app(settings, clock=clock, database=clean_database, ledger=ledger)
+    try:
+        async with serve_in_loop(app, "http://cp.test") as client:
+            ready = await client.get("/readyz")
+            alive = await client.get("/healthz")
+    finally:
+        await ledger.close()
+    assert ready.status_code == 503
+    body = ready.json()
+    assert body["status"] == "unavailable"
+    assert body["database"] == "ok"
+    assert body["ledger"].startswith("unavailable (")
+    for leak in ("127.0.0.1", "spender", "ledger-password-7f3a", "http"):
+        assert leak not in ready.text
+    assert alive.status_code == 200
+
+
+async def test_an_unreachable_database_makes_the_control_plane_unready_without_naming_it(
+    settings: ControlPlaneSettings, clock: ManualClock, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-directory" / "controlplane.db"
+    broken = Database(create_engine(f"sqlite:///{missing}"))
+    app = create_app(settings, clock=clock, database=broken)
+    try:
+        async with serve_in_loop(app, "http://cp.test") as client:
+            ready = await client.get("/readyz")
+    finally:
+        await broken.close()
+    assert ready.status_code == 503
+    body = ready.json()
+    assert body["status"] == "unavailable"
+    assert body["database"] == "unavailable (OperationalError)"
+    assert body["ledger"] == "ok"
+    assert "no-such-directory" not in ready.text
+
+
+async def test_a_store_that_does_not_answer_in_time_is_reported_as_a_timeout(
+    app: Litestar, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def hung() -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(readiness, "CHECK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(app.state["vk"].ledger, "ping", hung)
+    ready = await client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "unavailable", "database": "ok", "ledger": "timeout"}
 
 
 async def test_metrics_are_open_without_a_metrics_token(client: httpx.AsyncClient) -> None:

@@ -170,4 +170,5 @@ def test_controlplane_refuses_an_unmigrated_database_until_vkgate_migrate(
 
     with running(["controlplane"], env=env, port=port, log=tmp_path / "cp.log") as service:
         ready = httpx.get(f"{service.url}/readyz")
-        assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+        assert ready.status_code == 200
+        assert ready.json() == {"status": "ok", "database": "ok", "ledger": "ok"}

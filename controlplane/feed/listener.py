@@ -10,6 +10,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from controlplane.feed.service import FeedNotifier
+from vkgate.logs import event
 
 log = logging.getLogger("vkgate.controlplane.feed")
 
@@ -53,7 +54,10 @@ class PostgresFeedListener:
                     async for _ in connection.notifies():
                         self._notifier.notify()
             except psycopg.Error as exc:
-                log.warning(
-                    "feed listener lost its connection (%s); reconnecting", type(exc).__name__
+                event(
+                    log,
+                    "feed_listener_reconnecting",
+                    level=logging.WARNING,
+                    cause=type(exc).__name__,
                 )
                 await asyncio.sleep(RECONNECT_DELAY_S)

@@ -12,7 +12,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT, HTTP_304_NOT_MODIFIED
 
 import vkgate
-from controlplane.errors import invalid
+from controlplane.errors import ApiError, invalid
 from controlplane.feed import service as feed
 from controlplane.internal import bundle
 from controlplane.internal.resolve import resolve
@@ -20,7 +20,9 @@ from controlplane.internal.signature import require_signature
 from controlplane.schemas import Vk
 from controlplane.spend import service as spend
 from controlplane.spend.routes import budget_bucket_spend, spend_commands
+from controlplane.state import AppState
 from vkgate.clock import rfc3339
+from vkgate.errors import ErrorCode
 from vkgate.wire import (
     CHANGES_DEFAULT_TIMEOUT_S,
     CHANGES_MAX_EVENTS,
@@ -38,14 +40,45 @@ from vkgate.wire import (
 JSON = "application/json"
 
 
+# resolve-key's refusals as its metric counts them; any other ApiError is `invalid`.
+RESOLVE_RESULTS = {
+    ErrorCode.INVALID_API_KEY: "unknown",
+    ErrorCode.VIRTUAL_KEY_REVOKED: "revoked",
+    ErrorCode.VIRTUAL_KEY_DISABLED: "disabled",
+    ErrorCode.VIRTUAL_KEY_EXPIRED: "expired",
+}
+
+
 @post("/resolve-key", status_code=HTTP_200_OK)
 async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyResponse:
-    async with vk.read() as tx:
-        return await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+    result = "error"
+    try:
+        async with vk.read() as tx:
+            resolved = await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+        result = "ok"
+    except ApiError as exc:
+        result = RESOLVE_RESULTS.get(exc.code, "invalid")
+        raise
+    finally:
+        vk.metrics.resolve_key.labels(result).inc()
+    return resolved
 
 
 @get("/config/{vk_id:str}")
 async def config(vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]) -> Response[bytes]:
+    result = "error"
+    try:
+        response = await _config(vk, vk_id, request.headers.get("if-none-match"))
+        result = "not_modified" if response.status_code == HTTP_304_NOT_MODIFIED else "full"
+    except ApiError:
+        result = "refused"
+        raise
+    finally:
+        vk.metrics.config.labels(result).inc()
+    return response
+
+
+async def _config(vk: AppState, vk_id: str, if_none_match: str | None) -> Response[bytes]:
     now = vk.clock.now()
     async with vk.read() as tx:
         built = await bundle.build(tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=vk_id, now=now)
@@ -58,7 +91,7 @@ async def config(vk_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]) 
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
     digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
     etag = f'"{digest[:32]}"'
-    if _matches(request.headers.get("if-none-match"), etag):
+    if _matches(if_none_match, etag):
         return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
     return Response(body, media_type=JSON, headers={"ETag": etag, "Cache-Control": "no-store"})
 
@@ -82,7 +115,8 @@ async def changes(
 
     A commit in this process wakes the wait at once, and on PostgreSQL so does a commit in
     another replica (feed/listener.py); the periodic re-read is the fallback should that
-    notification be lost. No database connection is held while waiting.
+    notification be lost. No database connection is held while waiting. A control plane that
+    is shutting down answers at once instead of waiting (lifecycle.py).
     """
     if since < 0:
         raise invalid("since must be 0 or more", param="since")
@@ -96,6 +130,7 @@ async def changes(
         async with vk.read() as tx:
             # The counter first: every event up to it has committed (see feed.append).
             current = await feed.current_revision(tx.session)
+            vk.metrics.feed_revision.set(current)
             rows = await feed.read(
                 tx.session,
                 since=since,
@@ -123,7 +158,8 @@ async def changes(
                 media_type=JSON,
             )
         remaining = deadline - vk.clock.monotonic()
-        if remaining <= 0:
+        # Draining was set before the wake-up that ended the last wait: it is seen here.
+        if remaining <= 0 or vk.lifecycle.draining:
             return Response(
                 b"", status_code=HTTP_204_NO_CONTENT, headers={REVISION_HEADER: str(current)}
             )
@@ -134,6 +170,7 @@ async def changes(
 async def health(vk: Vk) -> HealthResponse:
     async with vk.read() as tx:
         revision = await feed.current_revision(tx.session)
+    vk.metrics.feed_revision.set(revision)
     return HealthResponse(
         status="ok", revision=revision, time=rfc3339(vk.clock.now()), version=vkgate.__version__
     )

@@ -13,6 +13,7 @@ from controlplane.errors import ApiError
 from controlplane.state import app_state
 from vkgate import signing
 from vkgate.errors import ErrorCode
+from vkgate.logs import event
 
 log = logging.getLogger("vkgate.controlplane.internal")
 
@@ -44,10 +45,13 @@ async def require_signature(
     if problem is None:
         return
     state.metrics.internal_auth_failures.labels(problem.value).inc()
-    log.warning(
-        "internal API request refused: %s signature on %s %s",
-        problem.value,
-        request.method,
-        connection.scope["path"],
+    event(
+        log,
+        "internal_auth_refused",
+        level=logging.WARNING,
+        reason=problem.value,
+        method=request.method,
+        # The template, not the path: a config path carries a key's id.
+        route=connection.scope.get("path_template") or connection.scope["path"],
     )
     raise ApiError(ErrorCode.BAD_SIGNATURE, f"internal API signature refused: {problem.value}")

@@ -18,7 +18,15 @@ CHDB_LOCK = threading.Lock()
 
 
 class LedgerError(Exception):
-    """The ledger could not be reached or refused a statement; the message says which."""
+    """The ledger could not be reached or refused a statement; the message says which.
+
+    `cause` is a short name for logs, metrics and readiness answers (the exception class of the
+    client, or `closed`): unlike the message it names no host.
+    """
+
+    def __init__(self, message: str, *, cause: str = "error") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
@@ -43,7 +51,7 @@ def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
                 settings={"max_insert_block_size": 2_000_000},
             )
     except Error as exc:
-        raise LedgerError(_opening_message(location, exc)) from None
+        raise LedgerError(_opening_message(location, exc), cause=type(exc).__name__) from None
     try:
         if create_database:
             client.command(f"CREATE DATABASE IF NOT EXISTS {location.database}")
@@ -51,13 +59,15 @@ def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
     except Error as exc:
         client.close()
         raise LedgerError(
-            f"the ledger at {location.display} cannot be used: {_first_line(exc)}"
+            f"the ledger at {location.display} cannot be used: {_first_line(exc)}",
+            cause=type(exc).__name__,
         ) from None
     if not exists:
         client.close()
         raise LedgerError(
             f"the ledger at {location.display} has no database {location.database!r}; "
-            "create it with `vkgate migrate`"
+            "create it with `vkgate migrate`",
+            cause="no_database",
         )
     client.database = location.database
     return client

@@ -50,10 +50,11 @@ class Ledger:
         self._lock = CHDB_LOCK if location.kind == "chdb" else threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vkgate-ledger")
         self._closed = False
+        self._ping: asyncio.Future[None] | None = None
 
     async def _run(self, work: Callable[[Any], T]) -> T:
         if self._closed:
-            raise LedgerError("the ledger is closed")
+            raise LedgerError("the ledger is closed", cause="closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._locked, work)
 
@@ -67,7 +68,8 @@ class Ledger:
                 return work(self._client)
             except Error as exc:
                 raise LedgerError(
-                    f"the ledger at {self.location.display} failed: {_first_line(exc)}"
+                    f"the ledger at {self.location.display} failed: {_first_line(exc)}",
+                    cause=type(exc).__name__,
                 ) from None
 
     async def close(self) -> None:
@@ -85,6 +87,18 @@ class Ledger:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+    async def ping(self) -> None:
+        """Return once the ledger answers a trivial query; LedgerError when it cannot.
+
+        Readiness probes call this every few seconds: one ping at a time is in the worker's
+        queue, later callers wait on it, so a hung ledger does not pile probes up behind it.
+        """
+        if self._ping is None or self._ping.done():
+            self._ping = asyncio.ensure_future(self._run(_select_one))
+            # Retrieved here too, for a ping whose callers all gave up waiting.
+            self._ping.add_done_callback(_consume)
+        await asyncio.shield(self._ping)
 
     async def write(
         self, priced: Sequence[PricedEntry], admits: Sequence[Entry], ingested_at: datetime
@@ -167,6 +181,15 @@ def _present(
         [e.organization_id for e in entries] if by_organization else None,
     )
     return {str(row[0]) for row in client.query(query.sql, parameters=query.parameters).result_rows}
+
+
+def _select_one(client: Any) -> None:
+    client.command("SELECT 1")
+
+
+def _consume(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _first_line(exc: Exception) -> str:

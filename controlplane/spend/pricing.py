@@ -35,6 +35,7 @@ import genai_prices
 from genai_prices import Usage
 
 from controlplane.ledger.rows import Price
+from vkgate.logs import event
 from vkgate.spend import SpendRecord
 
 log = logging.getLogger("vkgate.controlplane.spend")
@@ -228,7 +229,16 @@ class Pricer:
             total: Decimal = sheet.calc_price(tokens.usage())["total_price"]
             return total
         except (ValueError, ArithmeticError) as exc:
-            log.warning("genai-prices could not price %s tokens of %s: %s", tokens, model, exc)
+            event(
+                log,
+                "price_failed",
+                level=logging.WARNING,
+                model=model,
+                provider=provider_id,
+                input_tokens=tokens.input,
+                output_tokens=tokens.output,
+                cause=type(exc).__name__,
+            )
             return None
 
     def _model(self, provider_id: str | None, model: str, at: datetime) -> Any:

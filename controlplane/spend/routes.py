@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 
 import msgspec
@@ -9,10 +10,14 @@ from litestar import Controller, Request, Response, get, post
 from litestar.params import FromQuery, QueryParameter
 from litestar.status_codes import HTTP_200_OK
 
+from controlplane.errors import ApiError
 from controlplane.models import Organization
 from controlplane.schemas import Vk
 from controlplane.spend import reports, segments, service
+from vkgate.logs import event
 from vkgate.spend import BUDGET_BUCKET_SPEND_PATH, SPEND_COMMANDS_PATH, BudgetBucketSpend, SpendAck
+
+log = logging.getLogger("vkgate.controlplane.spend")
 
 SPEND_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 """A segment holds a flush interval of a replica's records (~600 bytes each): far more than
@@ -101,15 +106,34 @@ def _csv(body: bytes, name: str) -> Response[bytes]:
 @post(SPEND_COMMANDS_PATH, status_code=HTTP_200_OK, request_max_body_size=SPEND_SEGMENT_MAX_BYTES)
 async def spend_commands(vk: Vk, request: Request[Any, Any, Any]) -> SpendAck:
     """A spool segment into the ledger; the same segment twice changes nothing."""
-    checked = segments.check(segments.decode(await request.body()))
-    return await service.ingest(
+    body = await request.body()
+    try:
+        checked = segments.check(segments.decode(body))
+    except ApiError as exc:
+        vk.metrics.spend_segments.labels("rejected").inc()
+        # The proxy sets a refused segment aside (its `rejected/` directory): its spend is
+        # missing from the ledger until someone looks, so this is a warning.
+        event(
+            log,
+            "spend_segment_rejected",
+            level=logging.WARNING,
+            code=exc.code.value,
+            bytes=len(body),
+        )
+        raise
+    ack = await service.ingest(
         checked,
         db=vk.db,
         ledger=vk.ledger,
         pricer=vk.pricer,
         clock=vk.clock,
         notifier=vk.notifier,
+        metrics=vk.metrics,
     )
+    fresh = ack.accepted > 0 or ack.duplicates == 0
+    vk.metrics.spend_segments.labels("accepted" if fresh else "duplicate").inc()
+    vk.metrics.spend_records.inc(ack.accepted)
+    return ack
 
 
 @get(BUDGET_BUCKET_SPEND_PATH)

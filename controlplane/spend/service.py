@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
@@ -14,17 +16,22 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from controlplane.db import Database
 from controlplane.errors import invalid, not_found
 from controlplane.feed.service import FeedNotifier
+from controlplane.ledger.client import LedgerError
 from controlplane.ledger.rows import Entry, PricedEntry
 from controlplane.ledger.store import Ledger
+from controlplane.metrics import Metrics
 from controlplane.models import Budget, Provider
 from controlplane.spend import budgets
 from controlplane.spend.pricing import Pricer, ProviderPricing
 from controlplane.spend.segments import CheckedSegment
 from controlplane.state import Tx
 from vkgate.clock import Clock, rfc3339
+from vkgate.logs import event
 from vkgate.money import nanos_to_usd
 from vkgate.spend import BudgetBucketSpend, SpendAck
 from vkgate.wire import BudgetState, ConfigBundle, EventKind
+
+log = logging.getLogger("vkgate.controlplane.spend")
 
 
 async def ingest(
@@ -35,28 +42,57 @@ async def ingest(
     pricer: Pricer,
     clock: Clock,
     notifier: FeedNotifier,
+    metrics: Metrics | None = None,
 ) -> SpendAck:
     """Price the segment's outcomes, write what the ledger lacks, announce budgets it moved.
 
     Written before announced: a proxy that refetches a budget on its event must find the new
     spend there. A crash between the two leaves rows whose events were never sent, so a
     segment shipped again re-announces the budgets of its records already in the ledger.
+    The ledger write is timed into `metrics` when given (benchmarks run without).
     """
+    # Durations for logs and metrics, not for logic: real time, whatever the clock says.
+    began = time.perf_counter()
     async with db.transaction() as session:
         providers = await _pricing_of(session, {e.record.provider_id for e in checked.outcomes})
     priced = await asyncio.to_thread(_price, pricer, checked.outcomes, providers)
-    written = await ledger.write(priced, checked.admits, clock.now())
+    writing = time.perf_counter()
+    try:
+        written = await ledger.write(priced, checked.admits, clock.now())
+    except LedgerError as exc:
+        event(
+            log,
+            "ledger_write_failed",
+            level=logging.ERROR,
+            segment=checked.segment_id,
+            records=len(priced) + len(checked.admits),
+            cause=exc.cause,
+        )
+        raise
+    finally:
+        if metrics is not None:
+            metrics.ledger_write.observe(time.perf_counter() - writing)
     moved = [p for p in (*written.rows, *written.duplicate_rows) if p.price.cost_nano_usd > 0]
     if moved:
         async with db.transaction() as session:
             announced = await _announce(Tx(session, clock, ""), moved)
         if announced:
             notifier.notify()
-    return SpendAck(
+    ack = SpendAck(
         segment_id=checked.segment_id,
         accepted=len(written.rows) + written.admits,
         duplicates=len(written.duplicate_rows) + written.duplicate_admits + checked.repeated,
     )
+    event(
+        log,
+        "spend_ingested",
+        segment=ack.segment_id,
+        records=len(checked.outcomes) + len(checked.admits) + checked.repeated,
+        ingested=ack.accepted,
+        duplicates=ack.duplicates,
+        duration_ms=round((time.perf_counter() - began) * 1000, 3),
+    )
+    return ack
 
 
 async def _pricing_of(session: AsyncSession, ids: set[str | None]) -> dict[str, ProviderPricing]:
