@@ -184,6 +184,18 @@ def main() -> None:
         "--governance", default="none", help="comma list of none, local, redis (keys measured)"
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--proxy-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the proxies measured (repeatable), e.g. VKGATE_LOG_REQUESTS=false",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="the services' VKGATE_LOG_LEVEL (INFO, the default, logs every request)",
+    )
     args = parser.parse_args()
     modes = [m for m in args.governance.split(",") if m]
     if set(modes) - {"none", "local", "redis"}:
@@ -212,7 +224,8 @@ def main() -> None:
             "VKGATE_KEY_PEPPER": secrets.token_urlsafe(48),
             "VKGATE_ENCRYPTION_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "VKGATE_ADMIN_TOKEN": token,
-            "VKGATE_LOG_LEVEL": "WARNING",
+            # INFO, as deployed: a proxy then writes one `request_completed` line a request.
+            "VKGATE_LOG_LEVEL": args.log_level,
         }
     )
     rows: list[tuple[str, str, int, tuple[float, ...]]] = []
@@ -247,6 +260,8 @@ def main() -> None:
                     **env,
                     "VKGATE_PROXY_ADDR": f"127.0.0.1:{port}",
                     "VKGATE_PROXY_SERVER": server,
+                    "VKGATE_METRICS_ADDR": f"127.0.0.1:{free_port()}",
+                    **dict(setting.split("=", 1) for setting in args.proxy_env),
                 }
                 if mode == "redis":
                     proxy_env["VKGATE_REDIS_URL"] = args.redis_url

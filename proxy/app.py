@@ -6,14 +6,15 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import httpx
 import redis.asyncio
+from aiohttp.web import AppRunner
 from litestar import Litestar, Request, Response, asgi, get
 from litestar.exceptions import HTTPException
 from redis.asyncio.retry import Retry
@@ -22,7 +23,8 @@ from redis.backoff import NoBackoff
 import vkgate
 from proxy.asgi import Receive, Scope, Send
 from proxy.auth import AuthCache
-from proxy.control import ControlPlaneClient, Unreachable
+from proxy.breaker import BreakerState
+from proxy.control import ControlPlaneClient
 from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
@@ -34,8 +36,17 @@ from proxy.providers import registry
 from proxy.settings import ProxySettings
 from proxy.spend.drainer import SpoolDrainer
 from proxy.spend.spool import SpendSpool, SpoolError
+from proxy.telemetry.listener import start_listener
+from proxy.telemetry.metrics import ProxyMetrics
+from proxy.telemetry.tracing import Tracing
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
+from vkgate.logs import event
+from vkgate.probe import Failure
+from vkgate.stopping import StopSignals
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("vkgate.proxy")
 
@@ -54,8 +65,55 @@ class Running:
     spool: SpendSpool | None = None
     drainer: SpoolDrainer | None = None
     counters: Counters | None = None
+    metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     started: bool = False
+    draining: bool = False
+    """A stop signal arrived: requests in progress finish, `/readyz` says 503."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def stop_signalled(self, reason: str) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        event(
+            log,
+            "shutdown_started",
+            reason=reason,
+            grace_s=self.settings.shutdown_grace_s,
+            in_flight=self.gateway.in_flight if self.gateway is not None else 0,
+        )
+
+    def watch(self) -> None:
+        """Point the metrics at what start-up built."""
+        sources = self.metrics.sources
+        gateway, cache, poller, spool = self.gateway, self.cache, self.poller, self.spool
+        assert gateway is not None and cache is not None and poller is not None
+        assert spool is not None
+        sources.in_flight = lambda: gateway.in_flight
+        sources.max_in_flight = self.settings.max_in_flight
+        names = self.metrics.provider_names
+
+        def breakers() -> Iterator[tuple[str, str, BreakerState]]:
+            for provider_id, state in gateway.breakers.states().items():
+                yield provider_id, names.get(provider_id, ""), state
+
+        sources.breakers = breakers
+        sources.auth_cache = cache.lookups
+        monotonic = self.clock.monotonic
+
+        def feed() -> tuple[bool, int | None, float | None]:
+            answered = poller.answered_at
+            return (
+                poller.connected,
+                poller.revision,
+                None if answered is None else monotonic() - answered,
+            )
+
+        sources.feed = feed
+        sources.spool = spool.stats
+        counters = self.counters
+        if isinstance(counters, FallbackCounters):
+            sources.limits_fallback = lambda: (counters.degraded, counters.local_calls)
 
 
 def _session(settings: ProxySettings) -> aiohttp.ClientSession:
@@ -84,6 +142,19 @@ def _open_spool(settings: ProxySettings, clock: Clock) -> SpendSpool:
         raise SpoolError(f"VKGATE_SPOOL_DIR: {exc}") from exc
 
 
+async def _metrics_listener(settings: ProxySettings, metrics: ProxyMetrics) -> AppRunner | None:
+    if settings.metrics_port is None:
+        return None
+    return await start_listener(
+        metrics,
+        settings.metrics_host,
+        settings.metrics_port,
+        settings.metrics_token,
+        # Several workers share the address; each answers for its own process.
+        shared=settings.workers > 1,
+    )
+
+
 def _counters(settings: ProxySettings, clock: Clock) -> Counters:
     """Rate-limit and budget counters: in-process, or shared through Redis when configured
     (falling back to in-process while Redis cannot be reached)."""
@@ -105,8 +176,15 @@ def create_app(
     *,
     clock: Clock | None = None,
     control_transport: httpx.AsyncBaseTransport | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> Litestar:
+    """The proxy app; `span_exporter` replaces the OTLP exporter (and turns tracing on)."""
     running = Running(settings, clock or SystemClock(), control_transport)
+    tracing = (
+        Tracing(settings, span_exporter)
+        if settings.otel_endpoint is not None or span_exporter is not None
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -133,7 +211,12 @@ def create_app(
                     config_ttl_s=settings.auth_cache_config_ttl_s,
                     invalid_key_cache_s=settings.invalid_key_cache_s,
                 )
-                poller = ChangeFeedPoller(control, cache, timeout_s=settings.changes_timeout_s)
+                poller = ChangeFeedPoller(
+                    control,
+                    cache,
+                    timeout_s=settings.changes_timeout_s,
+                    monotonic=running.clock.monotonic,
+                )
                 drainer = SpoolDrainer(
                     spool,
                     control.ship_spend,
@@ -150,11 +233,24 @@ def create_app(
                     clock=running.clock,
                     counters=counters,
                     spend_source=control,
+                    metrics=running.metrics,
+                    tracing=tracing,
                 )
                 spool.on_ledgered = gateway.budgets.ledgered_through
                 running.gateway = gateway
+                running.watch()
+                listener = await _metrics_listener(settings, running.metrics)
                 running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
                 drainer.start()
+                loop = asyncio.get_running_loop()
+
+                def on_stop(name: str) -> None:
+                    # A signal handler runs between two bytecodes, maybe inside the loop's own
+                    # code: it only asks the loop to mark the drain.
+                    loop.call_soon_threadsafe(running.stop_signalled, name)
+
+                signals = StopSignals(on_stop)
+                signals.install()
                 running.started = True
                 log.info(
                     "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
@@ -166,6 +262,7 @@ def create_app(
                 try:
                     yield
                 finally:
+                    signals.uninstall()
                     running.started = False
                     for task in running.tasks:
                         task.cancel()
@@ -175,9 +272,19 @@ def create_app(
                     # The server has drained its requests: seal, and ship what the grace
                     # allows while the control-plane client is still open.
                     await drainer.stop(settings.shutdown_grace_s)
+                    if listener is not None:
+                        await listener.cleanup()
                     await counters.close()
                     await cache.close()
                     await control.close()
+                    if tracing is not None:
+                        # Exports what is buffered: blocking, bounded by its timeout.
+                        await asyncio.to_thread(tracing.shutdown)
+                    event(
+                        log,
+                        "shutdown_completed",
+                        backlog_segments=len(spool.pending_segments()),
+                    )
         finally:
             spool.close()
 
@@ -194,6 +301,8 @@ def create_app(
         exception_handlers={HTTPException: _http_error},
         after_request=_with_request_id,
         openapi_config=None,
+        # vkgate.logs configures logging for the process; Litestar's own set-up would replace it.
+        logging_config=None,
     )
 
 
@@ -250,9 +359,11 @@ def readyz(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     writable = spool is not None and spool.writable
     full = spool is None or spool.full
     ready = running.started and (connected or cached > 0) and writable and not full
+    ready = ready and not running.draining
+    status = "draining" if running.draining else "ok" if ready else "unavailable"
     return Response(
         {
-            "status": "ok" if ready else "unavailable",
+            "status": status,
             "controlplane": connected,
             "cached_keys": cached,
             "spend_spool": {"writable": writable, "full": full},
@@ -270,14 +381,20 @@ def _limits_mode(counters: Counters | None) -> str:
 
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """A signed round trip to the control plane."""
+    """A signed round trip to the control plane; when it fails, which step failed and how to
+    fix it."""
     running = _running(request)
     if running.control is None:
         return Response({"status": "starting"}, status_code=503)
-    try:
-        answer = await running.control.health()
-    except Unreachable as exc:
-        return Response({"status": "unavailable", "controlplane": str(exc)}, status_code=503)
+    answer = await running.control.check_health()
+    if isinstance(answer, Failure):
+        return Response(
+            {
+                "status": "unavailable",
+                "controlplane": {"cause": answer.cause, "detail": answer.detail, "fix": answer.fix},
+            },
+            status_code=503,
+        )
     return Response(
         {"status": "ok", "controlplane": {"revision": answer.revision, "version": answer.version}}
     )

@@ -28,6 +28,7 @@ from proxy.runtime import KeyRuntime, compile_bundle
 from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
+from vkgate.logs import event
 from vkgate.wire import ChangeEvent, EventKind, ResolveKeyResponse
 
 log = logging.getLogger("vkgate.proxy.auth")
@@ -138,9 +139,24 @@ class AuthCache:
         self._remember_unknown = invalid_key_cache_s > 0
         self._unknown_epoch = 0
         """Bumped whenever `_unknown` is forgotten: an answer asked for before it is stale."""
+        # Lookups by result, for the metrics (plain ints: the event loop owns them).
+        self.hits = 0
+        self.misses = 0
+        self.stale_serves = 0
+        self.negative_hits = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def lookups(self) -> dict[str, int]:
+        """Entries held and lookups by result, for the metrics."""
+        return {
+            "entries": len(self._entries),
+            "hit": self.hits,
+            "miss": self.misses,
+            "stale": self.stale_serves,
+            "negative": self.negative_hits,
+        }
 
     async def authenticate(
         self, presented_key: str, admit: Callable[[], object] | None = None
@@ -156,11 +172,14 @@ class AuthCache:
         if entry is None:
             message = self._unknown.get(digest)
             if message is not None:
+                self.negative_hits += 1
                 raise ProxyError(ErrorCode.INVALID_API_KEY, message)
             if admit is not None:
                 admit()
+            self.misses += 1
             entry = await self._load(digest)
             return entry.runtime
+        self.hits += 1
         now = self._clock.now().timestamp()
         if entry.key_expires_at is not None and now >= entry.key_expires_at:
             self._evict(digest)
@@ -262,6 +281,7 @@ class AuthCache:
                 raise
             entry.resolved_until = min(now + self._soft_bump_s, entry.hard_until)
             self._entries[entry.digest] = entry
+            self.stale_serves += 1
             log.warning("serving key %s from a stale cache entry", entry.runtime.vk_id)
             return entry.runtime
         return fresh.runtime
@@ -318,6 +338,9 @@ class AuthCache:
         config = await self._control.config(entry.runtime.vk_id, entry.etag)
         if config.bundle is not None:
             entry.runtime = compile_bundle(config.bundle, self._providers)
+            event(
+                log, "config_refreshed", vk_id=entry.runtime.vk_id, revision=entry.runtime.revision
+            )
             entry.etag = config.etag
         entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
 

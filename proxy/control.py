@@ -12,6 +12,7 @@ import msgspec
 from vkgate import signing
 from vkgate.clock import Clock
 from vkgate.errors import ErrorCode
+from vkgate.probe import Failure, classify, error_message, from_status
 from vkgate.spend import SPEND_COMMANDS_PATH, BudgetBucketSpend, SpendAck
 from vkgate.wire import (
     INTERNAL_PREFIX,
@@ -156,6 +157,19 @@ class ControlPlaneClient:
 
     async def health(self) -> HealthResponse:
         return _decode(await self._call("GET", "/health"), HealthResponse)
+
+    async def check_health(self) -> HealthResponse | Failure:
+        """A signed round trip, or what failed in it (DNS, connect, TLS, signature, ...)."""
+        try:
+            response = await self._send("GET", "/health")
+        except Unreachable as exc:
+            return classify(exc.__cause__ or exc)
+        if response.status_code >= 300:
+            return from_status(response.status_code, error_message(response.content))
+        try:
+            return _decode(response, HealthResponse)
+        except Unreachable as exc:
+            return Failure("protocol", str(exc))
 
     async def ship_spend(self, segment: bytes) -> SpendAck:
         """Hand one spool segment (a `SpendSegment` as JSON) to the ledger.

@@ -24,8 +24,10 @@ from proxy.formats import Exchange, StreamPipe, stream_error
 from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import Reply
 from proxy.spend.estimate import estimate_tokens
+from proxy.telemetry.tracing import RequestSpan, end_attempt
 from proxy.usage import TokenUsage
 from vkgate.errors import ErrorCode
+from vkgate.logs import event
 
 Recheck = Callable[[], Awaitable[None]]
 """Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
@@ -49,6 +51,10 @@ class Outcome:
     served_model: str | None = None
     first_byte_at: float | None = None
     """Monotonic time the answer's first byte went to the client."""
+    sent_at: float | None = None
+    """Monotonic time the walk down the chain began."""
+    committed_at: float | None = None
+    """Monotonic time an answer was committed to (read whole, or a stream's first chunk)."""
     cancelled: bool = False
     broke: bool = False
     """A stream that broke off after it started."""
@@ -96,6 +102,7 @@ class _Walk:
         "_held",
         "_outcome",
         "_recheck",
+        "_trace",
         "_untranslatable",
     )
 
@@ -106,8 +113,10 @@ class _Walk:
         breakers: Breakers,
         recheck: Recheck,
         outcome: Outcome,
+        trace: RequestSpan | None = None,
     ) -> None:
         self._exchange = exchange
+        self._trace = trace
         self._headers = headers
         self._breakers = breakers
         self._recheck = recheck
@@ -155,14 +164,40 @@ class _Walk:
         if not breaker.admit():
             outcome.causes.append(_cause(upstream, None, ErrorCode.CIRCUIT_OPEN))
             return None
+        if self._trace is not None:
+            return await self._traced(upstream, operation, breaker, self._trace)
         try:
             return await self._call(upstream, operation, breaker)
         except BaseException:
             breaker.released()
             raise
 
+    async def _traced(
+        self, upstream: Upstream, operation: Operation, breaker: CircuitBreaker, trace: RequestSpan
+    ) -> _Committed | None:
+        """`_call` inside a span of its own, whose `traceparent` the provider gets."""
+        causes = self._outcome.causes
+        before = len(causes)
+        span, traceparent = trace.attempt(upstream, self._outcome.calls + 1)
+        try:
+            answer = await self._call(upstream, operation, breaker, traceparent)
+        except BaseException:
+            breaker.released()
+            end_attempt(span, None, ErrorCode.INTERNAL_ERROR)
+            raise
+        if answer is not None:
+            end_attempt(span, answer.reply.status, None)
+        else:
+            cause = causes[-1] if len(causes) > before else None
+            end_attempt(span, *((cause.status, cause.code) if cause is not None else (None, None)))
+        return answer
+
     async def _call(
-        self, upstream: Upstream, operation: Operation, breaker: CircuitBreaker
+        self,
+        upstream: Upstream,
+        operation: Operation,
+        breaker: CircuitBreaker,
+        traceparent: str | None = None,
     ) -> _Committed | None:
         outcome, exchange = self._outcome, self._exchange
         try:
@@ -176,6 +211,8 @@ class _Walk:
                 self._untranslatable = exc
             return None
         headers = {**upstream.headers, **self._headers}
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         if exchange.same_format_headers and upstream.wire is exchange.client:
             headers.update(exchange.same_format_headers)
         outcome.calls += 1
@@ -231,14 +268,27 @@ class _Walk:
         self, upstream: Upstream, breaker: CircuitBreaker, status: int | None, code: ErrorCode
     ) -> None:
         self._outcome.causes.append(_cause(upstream, status, code))
-        log.warning(
-            "provider_attempt_failed provider=%s status=%s code=%s",
-            upstream.provider_id,
-            status,
-            code,
+        event(
+            log,
+            "provider_attempt_failed",
+            logging.WARNING,
+            provider=upstream.provider_name,
+            provider_id=upstream.provider_id,
+            status=status,
+            code=code.value,
         )
         if breaker.failed():
-            log.warning("breaker_opened provider=%s", upstream.provider_id)
+            _breaker_opened(upstream)
+
+
+def _breaker_opened(upstream: Upstream) -> None:
+    event(
+        log,
+        "breaker_opened",
+        logging.WARNING,
+        provider=upstream.provider_name,
+        provider_id=upstream.provider_id,
+    )
 
 
 async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
@@ -292,10 +342,12 @@ def _exhausted(
             "every provider for this model failed: " + "; ".join(_told(c) for c in causes),
             causes=causes,
         )
-    log.warning(
-        "chain_exhausted code=%s attempts=%s",
-        error.code,
-        ",".join(f"{c.provider_id}:{c.status or '-'}:{c.code}" for c in causes),
+    event(
+        log,
+        "chain_exhausted",
+        logging.WARNING,
+        code=error.code.value,
+        attempts=",".join(f"{c.provider_id}:{c.status or '-'}:{c.code}" for c in causes),
     )
     return error
 
@@ -368,11 +420,14 @@ class Dispatcher:
         recheck: Recheck,
         outcome: Outcome,
         extra: Sequence[tuple[bytes, bytes]] = (),
+        trace: RequestSpan | None = None,
     ) -> None:
         """Answer the client from the first credential of `chain` that answers; `extra`
         headers go on the answer (rate-limit state, budget warnings)."""
-        walk = _Walk(exchange, headers, self._breakers, recheck, outcome)
+        walk = _Walk(exchange, headers, self._breakers, recheck, outcome, trace)
+        outcome.sent_at = self._now()
         committed = await walk.first_answer(chain)
+        outcome.committed_at = self._now()
         upstream, reply = committed.upstream, committed.reply
         outcome.upstream, outcome.status = upstream, reply.status
         fallbacks = len(outcome.causes)
@@ -474,7 +529,7 @@ class Dispatcher:
 
     def _count_failure(self, upstream: Upstream) -> None:
         if self._breakers[upstream.provider_id].failed():
-            log.warning("breaker_opened provider=%s", upstream.provider_id)
+            _breaker_opened(upstream)
 
 
 async def _disconnected(receive: Receive) -> None:

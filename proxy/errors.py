@@ -52,6 +52,7 @@ class ProxyError(Exception):
         headers: tuple[tuple[bytes, bytes], ...] = (),
         causes: list[Cause] | None = None,
         details: Mapping[str, str] | None = None,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -61,6 +62,8 @@ class ProxyError(Exception):
         self.causes = causes
         self.details = details
         """More fields of the error object, e.g. a refusing budget's id, window and limit."""
+        self.reason = reason
+        """For the metrics: which of a code's causes, from a short fixed set (`key_rpm`)."""
 
     @property
     def status(self) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from proxy.auth import AuthCache
 from proxy.control import ControlPlaneClient, Unreachable
@@ -22,13 +24,21 @@ MAX_BACKOFF_S = 1.0
 
 class ChangeFeedPoller:
     def __init__(
-        self, control: ControlPlaneClient, cache: AuthCache, *, timeout_s: float = 20.0
+        self,
+        control: ControlPlaneClient,
+        cache: AuthCache,
+        *,
+        timeout_s: float = 20.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._monotonic = monotonic
         self._control = control
         self._cache = cache
         self._timeout_s = timeout_s
         self.revision: int | None = None
         self.connected = False
+        self.answered_at: float | None = None
+        """Monotonic time the control plane last answered a poll."""
 
     async def run(self) -> None:
         backoff = INITIAL_BACKOFF_S
@@ -51,12 +61,14 @@ class ChangeFeedPoller:
         if self.revision is None:
             self.revision = (await self._control.health()).revision
             self.connected = True
+            self.answered_at = self._monotonic()
             # Keys cached before the feed had a starting point may have missed events that come
             # before it, a revocation among them: drop them, so they are fetched fresh.
             self._cache.clear()
             return
         answer = await self._control.changes(self.revision, self._timeout_s)
         self.connected = True
+        self.answered_at = self._monotonic()
         for event in answer.events:
             try:
                 self._cache.apply(event)

@@ -43,6 +43,9 @@ from proxy.runtime import KeyRuntime
 from proxy.settings import ProxySettings
 from proxy.spend import records
 from proxy.spend.spool import SpendSpool, SpoolError
+from proxy.telemetry.metrics import ProxyMetrics
+from proxy.telemetry.observe import RequestObserver
+from proxy.telemetry.tracing import RequestSpan, Tracing
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
 from vkgate.keys import VIRTUAL_KEY_PREFIX
@@ -72,6 +75,15 @@ def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
             param="model",
         )
     return chain
+
+
+MODELS_ROUTE = "/v1/models"
+OTHER_ROUTE = "other"
+"""The route label of a path `/v1` does not serve: never the path itself (unbounded)."""
+
+
+def _route_label(path: str) -> str:
+    return MODELS_ROUTE if path == "/models" else OTHER_ROUTE
 
 
 def _provider_headers(head: Head) -> dict[str, str]:
@@ -118,8 +130,11 @@ class Gateway:
         clock: Clock | None = None,
         counters: Counters | None = None,
         spend_source: BucketSpendSource | None = None,
+        metrics: ProxyMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         clock = clock or SystemClock()
+        self._tracing = tracing
         self._keys = KeyGuard(
             InvalidKeyThrottle(settings.invalid_keys_per_minute, clock),
             settings.trusted_proxy_cidrs,
@@ -157,6 +172,13 @@ class Gateway:
             clock,
         )
         self._dispatcher = Dispatcher(self.breakers, clock.monotonic)
+        self.metrics = metrics or ProxyMetrics()
+        self._observer = RequestObserver(
+            self.metrics,
+            clock.monotonic,
+            log_requests=settings.log_requests,
+            telemetry_key=settings.telemetry_key,
+        )
         self._routes: dict[str, Route] = {
             "/chat/completions": Route("/v1/chat/completions", self._chat),
             "/messages": Route("/v1/messages", self._messages, anthropic=True),
@@ -164,14 +186,22 @@ class Gateway:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = self._now()
         head = Head(scope)
         path = scope["path"].rstrip("/")
         route = self._routes.get(path)
         anthropic = route is not None and route.anthropic
+        label = route.path if route is not None else _route_label(path)
+        trace = None
+        if self._tracing is not None:
+            trace = self._tracing.start_request(scope["method"], label, head.traceparent)
+            head.request_id = trace.request_id
+        observed = False
         try:
             if route is not None:
                 self._allow(scope, "POST")
-                await self._serve(route, scope, head, receive, send)
+                observed = True  # the pipeline observes its own end, whatever it is
+                await self._serve(route, scope, head, receive, send, started, trace)
             elif path == "/models":
                 self._allow(scope, "GET")
                 runtime = await self._authenticate(scope, head)
@@ -181,16 +211,28 @@ class Gateway:
                     runtime.models_body,
                     [(b"content-type", JSON), (b"x-request-id", head.request_id)],
                 )
+                observed = True
+                self._observer.completed(
+                    MODELS_ROUTE, 200, None, started, head.request_id, runtime=runtime, trace=trace
+                )
             else:
                 raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
         except ProxyError as exc:
+            if not observed:
+                self._observer.completed(
+                    label, exc.status, exc.code, started, head.request_id, error=exc, trace=trace
+                )
             await respond_error(send, exc, head.request_id, anthropic=anthropic)
         except ClientGone:
             return
         except Exception:
             # A bug, not a refusal: logged (never the body), and answered in the route's shape.
-            log.exception("unexpected error serving /v1%s", path)
+            log.exception("unexpected error serving /v1%s", label)
             error = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
+            if not observed:
+                self._observer.completed(
+                    label, 500, ErrorCode.INTERNAL_ERROR, started, head.request_id, trace=trace
+                )
             # If the answer had already started, a second start is refused: nothing more to say.
             with contextlib.suppress(Exception):
                 await respond_error(send, error, head.request_id, anthropic=anthropic)
@@ -223,10 +265,8 @@ class Gateway:
                 self._keys.failed(scope)
             raise
 
-    async def _serve(
-        self, route: Route, scope: Scope, head: Head, receive: Receive, send: Send
-    ) -> None:
-        """The pipeline for a paid route; spend admission wraps it, outermost."""
+    def _ticket(self, route: Route, head: Head) -> records.Ticket:
+        """Spend admission: the request's admit record, or a refusal when none can be written."""
         spool = self._spool
         if spool.at_bound:
             spool.count_refused()
@@ -236,7 +276,7 @@ class Gateway:
                 headers=((b"retry-after", b"5"),),
             )
         try:
-            ticket = records.Ticket(spool, route.path, head.request_id, self._now())
+            return records.Ticket(spool, route.path, head.request_id, self._now())
         except SpoolError:
             # Nothing could be recorded: refused rather than served unrecorded.
             spool.count_refused()
@@ -245,6 +285,25 @@ class Gateway:
                 "the gateway cannot record spend right now (spool not writable); retry later",
                 headers=((b"retry-after", b"5"),),
             ) from None
+
+    async def _serve(
+        self,
+        route: Route,
+        scope: Scope,
+        head: Head,
+        receive: Receive,
+        send: Send,
+        started: float,
+        trace: RequestSpan | None,
+    ) -> None:
+        """The pipeline for a paid route; spend admission wraps it, outermost."""
+        try:
+            ticket = self._ticket(route, head)
+        except ProxyError as exc:
+            self._observer.completed(
+                route.path, exc.status, exc.code, started, head.request_id, error=exc, trace=trace
+            )
+            raise
         outcome = Outcome()
 
         def answered() -> None:
@@ -256,6 +315,9 @@ class Gateway:
         code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         hold: Hold | None = None
         admitted = False
+        runtime: KeyRuntime | None = None
+        prepared: Prepared | None = None
+        error: ProxyError | None = None
         try:
             runtime = ticket.runtime = await self._authenticate(scope, head)
             self._admit()
@@ -293,11 +355,12 @@ class Gateway:
                 self._recheck(head, runtime, prepared.model),
                 outcome,
                 extra,
+                trace,
             )
             status = outcome.status
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
         except ProxyError as exc:
-            status, code = exc.status, exc.code
+            status, code, error = exc.status, exc.code, exc
             if hold is not None and hold.headers:
                 # Every answer to a limited key says where its limits stand.
                 exc.headers = (*exc.headers, *hold.headers)
@@ -320,6 +383,19 @@ class Gateway:
                 self.in_flight -= 1
             if hold is not None:
                 await self._finish(hold, ticket, outcome)
+            self._observer.completed(
+                route.path,
+                status,
+                code,
+                started,
+                head.request_id,
+                runtime=runtime,
+                model=prepared.model if prepared is not None else None,
+                outcome=outcome,
+                error=error,
+                end_user=prepared.end_user if prepared is not None else None,
+                trace=trace,
+            )
 
     def _admit(self) -> None:
         """Admission control: a bounded number of requests in flight in this process, so an

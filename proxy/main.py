@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 from litestar import Litestar
 
 from proxy.app import create_app
 from proxy.settings import ProxySettings
 from vkgate import env as E
+from vkgate.logs import configure as configure_logging
 
 FACTORY = "proxy.main:from_environment"
 
 
 def from_environment() -> Litestar:
     """The app, configured from `VKGATE_*` (each server worker calls this once)."""
-    return create_app(ProxySettings.from_env(E.environment()))
+    settings = ProxySettings.from_env(E.environment())
+    # A worker process started by the server (workers > 1, granian) has not inherited the
+    # logging set-up of the process that ran `vkgate proxy`.
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings)
 
 
 def serve(settings: ProxySettings) -> None:
@@ -51,5 +58,5 @@ def serve(settings: ProxySettings) -> None:
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )

@@ -32,7 +32,6 @@ from proxy.limits.store import (
     Reservation,
     Slots,
 )
-from proxy.metrics import LIMITS_REDIS_FALLBACK, LIMITS_REDIS_FALLBACK_CALLS
 from vkgate.clock import Clock
 
 log = logging.getLogger("vkgate.proxy.limits")
@@ -64,6 +63,8 @@ class FallbackCounters:
         self._retry_at = 0.0
         self.degraded = False
         """True while calls are served locally."""
+        self.local_calls = 0
+        """Calls served by the in-process counters (the metrics read it)."""
 
     async def admit(
         self,
@@ -147,12 +148,11 @@ class FallbackCounters:
             return await self._locally(call)
         if self.degraded:
             self.degraded = False
-            LIMITS_REDIS_FALLBACK.set(0)
             log.warning("limits_redis_recovered: rate limits and budgets are shared again")
         return result
 
     async def _locally(self, call: Callable[[Counters], Awaitable[T]]) -> T:
-        LIMITS_REDIS_FALLBACK_CALLS.inc()
+        self.local_calls += 1
         return await call(self._local)
 
     def _unreachable(self, exc: BaseException) -> None:
@@ -160,7 +160,6 @@ class FallbackCounters:
         if self.degraded:
             return
         self.degraded = True
-        LIMITS_REDIS_FALLBACK.set(1)
         log.warning(
             "limits_redis_unreachable: %s: %s; rate limits and budgets are now per replica "
             "until Redis answers again (retried every %g s)",

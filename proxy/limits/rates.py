@@ -42,6 +42,8 @@ class _Limit:
     per_second: float
     label: str
     """For the refusal's message: `60 requests per minute for this key`."""
+    kind: str
+    """For the metrics: `key_rpm`, `team_tpm`, ..."""
     capacity_bytes: bytes = b""
     """The limit as its header value, written once."""
 
@@ -57,6 +59,7 @@ class RatePlan:
     tokens: tuple[_Limit, ...]
     slots: tuple[Slots, ...]
     slot_labels: tuple[str, ...]
+    slot_kinds: tuple[str, ...]
     request_buckets: tuple[Bucket, ...]
     """What every request takes from its request buckets (one each), built once."""
 
@@ -109,6 +112,7 @@ class RatePlan:
             ErrorCode.RATE_LIMITED,
             message,
             headers=((b"retry-after", _whole_seconds(levels.retry_after_s)), *headers),
+            reason=refused.kind,
         )
 
     def slots_refusal(self, index: int, headers: Headers) -> ProxyError:
@@ -116,6 +120,7 @@ class RatePlan:
             ErrorCode.RATE_LIMITED,
             f"too many requests in flight: {self.slot_labels[index]}",
             headers=((b"retry-after", b"1"), *headers),
+            reason=self.slot_kinds[index],
         )
 
 
@@ -125,10 +130,11 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
     tokens: list[_Limit] = []
     slots: list[Slots] = []
     labels: list[str] = []
-    owners = [(f"vk:{vk_id}", "this key", key)]
+    kinds: list[str] = []
+    owners = [(f"vk:{vk_id}", "this key", "key", key)]
     if team_id is not None:
-        owners.append((f"team:{team_id}", "this key's team", team))
-    for owner, whose, limits in owners:
+        owners.append((f"team:{team_id}", "this key's team", "team", team))
+    for owner, whose, who, limits in owners:
         if limits.rpm:
             requests.append(
                 _Limit(
@@ -136,6 +142,7 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
                     limits.rpm,
                     limits.rpm / MINUTE,
                     f"{limits.rpm} requests per minute for {whose}",
+                    f"{who}_rpm",
                 )
             )
         if limits.rpd:
@@ -145,6 +152,7 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
                     limits.rpd,
                     limits.rpd / DAY,
                     f"{limits.rpd} requests per day for {whose}",
+                    f"{who}_rpd",
                 )
             )
         if limits.tpm:
@@ -154,11 +162,13 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
                     limits.tpm,
                     limits.tpm / MINUTE,
                     f"{limits.tpm} tokens per minute for {whose}",
+                    f"{who}_tpm",
                 )
             )
         if limits.max_concurrency:
             slots.append(Slots(f"cc:{owner}", limits.max_concurrency, SLOT_LEASE_S))
             labels.append(f"{limits.max_concurrency} requests at once for {whose}")
+            kinds.append(f"{who}_max_concurrency")
     if not (requests or tokens or slots):
         return None
     return RatePlan(
@@ -166,6 +176,7 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
         tuple(tokens),
         tuple(slots),
         tuple(labels),
+        tuple(kinds),
         tuple(Bucket(lim.key, lim.capacity, lim.per_second, 1.0) for lim in requests),
     )
 

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from proxy.control import Refused
 from proxy.spend.spool import LoadedSegment, Segment, SpendSpool
 from vkgate.clock import Clock
+from vkgate.logs import event
 from vkgate.spend import SpendAck
 
 log = logging.getLogger("vkgate.proxy.spend")
@@ -178,6 +179,14 @@ class SpoolDrainer:
                 ack.duplicates,
             )
         self._spool.acknowledge(segment, loaded)
+        event(
+            log,
+            "spool_shipped",
+            segment=segment.segment_id,
+            records=loaded.records,
+            ingested=ack.accepted,
+            duplicates=ack.duplicates,
+        )
         self.failures = 0
         self._backoff = self._backoff_initial
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import openai
@@ -20,12 +20,16 @@ from litestar import Litestar
 
 from proxy.app import create_app
 from proxy.settings import ProxySettings
+from proxy.telemetry.metrics import ProxyMetrics
 from tests.support.api import ANY, create
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET
 from tests.support.fake_anthropic import FakeAnthropic, serve_fake_anthropic
 from tests.support.fake_openai import API_KEY, FakeOpenAI, serve_fake_openai
 from tests.support.processes import free_port
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 CHAT_ALIAS = "chat"
 EMBEDDING_ALIAS = "embed"
@@ -63,6 +67,11 @@ class RunningProxy:
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url.removesuffix("/v1"), timeout=10)
+
+    @property
+    def metrics(self) -> ProxyMetrics:
+        metrics: ProxyMetrics = self.app.state["running"].metrics
+        return metrics
 
     async def following_changes(self, within_s: float = 5.0) -> None:
         """Wait until the proxy's change-feed poller has a revision to follow changes from."""
@@ -115,6 +124,7 @@ async def serve_proxy(
     settings: ProxySettings,
     *,
     control_transport: httpx.AsyncBaseTransport | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> AsyncIterator[RunningProxy]:
     """The proxy under uvicorn on a loopback port, in the test's event loop.
 
@@ -124,7 +134,9 @@ async def serve_proxy(
     if control_transport is None:
         assert controlplane is not None, "give the control plane app or a transport to reach it"
         control_transport = httpx.ASGITransport(app=controlplane)
-    app = create_app(settings, clock=clock, control_transport=control_transport)
+    app = create_app(
+        settings, clock=clock, control_transport=control_transport, span_exporter=span_exporter
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -239,6 +251,23 @@ async def add_key(
 @pytest.fixture
 async def tenant(client: httpx.AsyncClient, fake_openai: FakeOpenAI) -> Tenant:
     return await make_tenant(client, fake_openai.url, fake_openai.api_key)
+
+
+@pytest.fixture
+async def failover(client: httpx.AsyncClient, fake_openai: FakeOpenAI) -> Tenant:
+    """A key whose `chat` alias first tries a provider nobody listens for, then the fake."""
+    org = (await create(client, "/api/admin/organizations", {"name": "observed"}))["id"]
+    project = (await create(client, "/api/admin/projects", {"organization_id": org, "name": "p"}))[
+        "id"
+    ]
+    dead = await add_provider(client, org, "dead", f"http://127.0.0.1:{free_port()}/v1")
+    live = await add_provider(client, org, "live", fake_openai.url, fake_openai.api_key)
+    policy = await add_policy(
+        client, org, {CHAT_ALIAS: [(dead, UPSTREAM_CHAT_MODEL), (live, UPSTREAM_CHAT_MODEL)]}
+    )
+    tenant = Tenant(org, project, live, policy, "", "")
+    tenant.key_id, tenant.key = await add_key(client, tenant)
+    return tenant
 
 
 class Answer(Protocol):

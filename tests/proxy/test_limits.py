@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from litestar import Litestar
-from prometheus_client import REGISTRY
 
 from tests.proxy.conftest import (
     CHAT_ALIAS,
@@ -321,7 +320,7 @@ async def test_without_redis_a_replica_falls_back_to_its_own_counters_and_says_s
         async with serve_proxy(app, clock, settings) as proxy, proxy.http() as http:
             statuses = [(await post(http, key, chat())).status_code for _ in range(3)]
             ready = (await http.get("/readyz")).json()
-            degraded = REGISTRY.get_sample_value("vkgate_limits_redis_fallback")
+            degraded = proxy.metrics.registry.get_sample_value("vkgate_limits_redis_fallback")
     finally:
         logger.removeHandler(caplog.handler)
     # Limits still hold, per replica.

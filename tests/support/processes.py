@@ -33,6 +33,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The test runner's environment minus every `VKGATE_*` variable, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VKGATE_")}
     env["PYTHONUNBUFFERED"] = "1"  # so a banner reaches its log file before the server runs
+    # Proxies started side by side would all ask for the default metrics port.
+    env["VKGATE_METRICS_ADDR"] = "off"
     env.update(extra)
     return env
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import os
 import secrets
 import signal
@@ -94,12 +95,13 @@ def ledger_errors() -> Iterator[None]:
 def serve_controlplane(
     settings: ControlPlaneSettings, *, child: subprocess.Popen[bytes] | None = None
 ) -> None:
-    """Serve the control plane in the foreground until SIGINT or SIGTERM.
+    """Serve the control plane in the foreground until SIGINT or SIGTERM, then return.
 
-    With a `child` (the proxy `vkgate up` started), the stop signal is passed on to it, so both
-    shut down together, and this returns instead of dying by the signal, so the caller is still
-    alive to wait for the child: no proxy is left running after `vkgate up` exits. The server
-    also stops when the child exits on its own.
+    A stop signal is a graceful stop, not a crash: this returns instead of dying by it, so the
+    process exits with 0. With a `child` (the proxy `vkgate up` started), the signal is passed
+    on to it, so both shut down together, and the caller is still alive to wait for the child:
+    no proxy is left running after `vkgate up` exits. The server also stops when the child
+    exits on its own.
     """
     import uvicorn
 
@@ -115,28 +117,27 @@ def serve_controlplane(
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
-    server = uvicorn.Server(config) if child is None else _supervising(config, child)
-    server.run()
+    _supervising(config, child).run()
 
 
-def _supervising(config: uvicorn.Config, child: subprocess.Popen[bytes]) -> uvicorn.Server:
-    """A uvicorn server that passes its stop signal on to `child` and survives the signal."""
+def _supervising(config: uvicorn.Config, child: subprocess.Popen[bytes] | None) -> uvicorn.Server:
+    """A uvicorn server that survives its stop signal and passes it on to `child`, if any."""
     import uvicorn
 
     class Supervising(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # Always SIGTERM: after a Ctrl-C the terminal has already sent the child a SIGINT,
             # and a second SIGINT would make it skip its graceful shutdown.
-            if child.poll() is None:
+            if child is not None and child.poll() is None:
                 child.send_signal(signal.SIGTERM)
             super().handle_exit(sig, frame)
 
         async def on_tick(self, counter: int) -> bool:
             # A child that ends on its own (its port taken, say) takes this server down with it:
             # half of `vkgate up` must not go on serving as if all were well.
-            if child.poll() is not None:
+            if child is not None and child.poll() is not None:
                 return True
             stop: bool = await super().on_tick(counter)
             return stop
@@ -144,7 +145,8 @@ def _supervising(config: uvicorn.Config, child: subprocess.Popen[bytes]) -> uvic
         @contextmanager
         def capture_signals(self) -> Iterator[None]:
             # uvicorn's own version raises the signal again once the server has stopped, which
-            # would end this process (SIGTERM) before it has waited for the child.
+            # would end this process by SIGTERM (before it has waited for any child) after a
+            # shutdown that went well.
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
             try:
                 yield
@@ -261,6 +263,13 @@ def proxy() -> None:
     from proxy.settings import ProxySettings
 
     settings = load_settings(ProxySettings.from_env, E.environment())
+    if settings.otel_endpoint is not None:
+        from proxy.telemetry.tracing import TracingUnavailable, require_sdk
+
+        try:
+            require_sdk()
+        except TracingUnavailable as exc:
+            raise click.ClickException(f"configuration: {exc}") from None
     configure_logging(settings.log_level, settings.log_format)
     serve(settings)
 

@@ -1,0 +1,1 @@
+"""What an operator sees of the proxy: metrics, request logs and traces."""
