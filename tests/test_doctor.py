@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import importlib
 import json
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,11 +28,12 @@ from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET, secrets_env
 from tests.support.processes import Service, clean_env, free_port, sqlite_controlplane, vkgate
 from vkgate.cli.doctor._config import (
+    Scope,
     check_metrics_address,
     check_secrets_file,
     read_configuration,
 )
-from vkgate.cli.doctor._controlplane import check_internal_api
+from vkgate.cli.doctor._controlplane import check_controlplane, check_internal_api
 from vkgate.cli.doctor._result import Status
 from vkgate.cli.doctor._spool import (
     Backlog,
@@ -88,7 +93,9 @@ def test_settings_come_from_the_secrets_file_with_the_environment_winning(tmp_pa
     )
 
 
-def test_a_secret_only_the_control_plane_needs_fails_only_its_settings(tmp_path: Path) -> None:
+def test_a_secret_only_the_control_plane_needs_is_a_warning_naming_service(
+    tmp_path: Path,
+) -> None:
     env = secrets_env("sqlite:///unused.db")
     del env["VKGATE_JWT_SECRET"]
 
@@ -96,13 +103,91 @@ def test_a_secret_only_the_control_plane_needs_fails_only_its_settings(tmp_path:
 
     by_check = {r.check: r for r in results}
     assert by_check["proxy settings"].status is Status.OK
-    failed = by_check["control plane settings"]
-    assert failed.status is Status.FAIL
-    assert failed.detail.startswith("VKGATE_JWT_SECRET is required")
-    assert failed.fix is not None
-    assert failed.fix.startswith("set VKGATE_JWT_SECRET")
-    assert "runs the control plane" in failed.fix
+    warned = by_check["control plane settings"]
+    assert warned.status is Status.WARN
+    assert warned.detail.startswith("VKGATE_JWT_SECRET is required")
+    assert warned.fix is not None
+    assert warned.fix.startswith(
+        "if this machine runs only the proxy, check it with `vkgate doctor --service proxy`; "
+        "if it runs the control plane, set VKGATE_JWT_SECRET in the environment or in "
+    )
     assert config.proxy is not None and config.controlplane is None
+
+
+def test_a_proxy_only_machine_names_every_control_plane_secret_it_lacks(tmp_path: Path) -> None:
+    env = {"VKGATE_HOME": str(tmp_path), "VKGATE_INTERNAL_SECRET": INTERNAL_SECRET}
+
+    _, results = read_configuration(env)
+
+    warned = {r.check: r for r in results}["control plane settings"]
+    assert warned.status is Status.WARN
+    assert warned.detail == (
+        "VKGATE_JWT_SECRET is required (any string of 32+ characters); also not set: "
+        "VKGATE_KEY_PEPPER, VKGATE_ENCRYPTION_KEY"
+    )
+    assert warned.fix is not None
+    assert "set VKGATE_JWT_SECRET, VKGATE_KEY_PEPPER, VKGATE_ENCRYPTION_KEY" in warned.fix
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        # Malformed, not missing: the control plane would refuse to start with it.
+        ({"VKGATE_JWT_SECRET": "short"}, "VKGATE_JWT_SECRET must be at least 32 characters"),
+        # Missing, but behind it a malformed value the stand-in for the secret uncovers.
+        (
+            {"VKGATE_JWT_SECRET": "", "VKGATE_LEDGER_URL": "ftp://ledger"},
+            "VKGATE_LEDGER_URL must be http(s)://",
+        ),
+    ],
+)
+def test_a_malformed_control_plane_setting_still_fails(
+    tmp_path: Path, change: dict[str, str], detail: str
+) -> None:
+    env = {**secrets_env("sqlite:///unused.db"), **change, "VKGATE_HOME": str(tmp_path)}
+
+    _, results = read_configuration(env)
+
+    failed = {r.check: r for r in results}["control plane settings"]
+    assert failed.status is Status.FAIL
+    assert failed.detail.startswith(detail)
+    assert failed.fix is not None and failed.fix.startswith("correct VKGATE_")
+    assert "--service" not in failed.fix
+
+
+def test_a_secret_both_services_need_fails_both(tmp_path: Path) -> None:
+    env = secrets_env("sqlite:///unused.db")
+    del env["VKGATE_INTERNAL_SECRET"]
+
+    _, results = read_configuration({**env, "VKGATE_HOME": str(tmp_path)})
+
+    by_check = {r.check: r for r in results}
+    for check in ("proxy settings", "control plane settings"):
+        assert by_check[check].status is Status.FAIL
+        assert by_check[check].detail.startswith("VKGATE_INTERNAL_SECRET is required")
+        assert by_check[check].fix is not None
+        assert by_check[check].fix.startswith("set VKGATE_INTERNAL_SECRET in the environment")
+
+
+def test_service_reads_only_the_settings_of_that_service(tmp_path: Path) -> None:
+    env = {**secrets_env("sqlite:///unused.db"), "VKGATE_HOME": str(tmp_path)}
+    proxy_only = {"VKGATE_HOME": str(tmp_path), "VKGATE_INTERNAL_SECRET": INTERNAL_SECRET}
+
+    proxy, on_proxy = read_configuration(proxy_only, Scope.PROXY)
+    controlplane, on_controlplane = read_configuration(
+        {**env, "VKGATE_PROXY_SERVER": "not-a-server"}, Scope.CONTROLPLANE
+    )
+
+    assert [(r.check, r.status, r.detail) for r in on_proxy[1:]] == [
+        ("proxy settings", Status.OK, on_proxy[1].detail),
+        ("control plane settings", Status.SKIP, "skipped: --service proxy"),
+    ]
+    assert proxy.proxy is not None and proxy.controlplane is None
+    assert [(r.check, r.status, r.detail) for r in on_controlplane[1:]] == [
+        ("proxy settings", Status.SKIP, "skipped: --service controlplane"),
+        ("control plane settings", Status.OK, on_controlplane[2].detail),
+    ]
+    assert controlplane.proxy is None and controlplane.controlplane is not None
 
 
 def test_an_unknown_variable_is_named_once_and_the_settings_are_still_read(
@@ -197,6 +282,32 @@ def test_an_unreachable_postgres_fails_without_showing_its_password() -> None:
     assert PASSWORD not in result.detail and "vkgate:" not in result.detail
 
 
+def test_a_database_url_that_does_not_parse_fails_without_showing_it() -> None:
+    url = f"postgresql+psycopg://vkgate:{PASSWORD}@127.0.0.1:not-a-port/vkgate"
+
+    result = check_database(url)
+
+    assert result.status is Status.FAIL
+    assert result.detail == "VKGATE_DATABASE_URL is not a URL this can read"
+    assert result.fix is not None and "postgresql+psycopg://user:password@" in result.fix
+    assert PASSWORD not in result.detail + result.fix
+
+
+def test_a_database_driver_not_installed_fails_without_showing_the_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
+    port = closed_port()
+
+    result = check_database(f"postgresql+psycopg://vkgate:{PASSWORD}@127.0.0.1:{port}/vkgate")
+
+    assert result.status is Status.FAIL
+    assert result.detail.startswith(f"postgresql at 127.0.0.1:{port}: cannot open (")
+    assert "psycopg" in result.detail
+    assert result.fix is not None and "database driver" in result.fix
+    assert PASSWORD not in result.detail and "vkgate:" not in result.detail
+
+
 @pytest.mark.skipif(not redis_available(), reason=f"no Redis at {REDIS_URL}")
 def test_a_reachable_redis_answers_ping() -> None:
     result = check_redis(REDIS_URL)
@@ -254,6 +365,78 @@ def test_a_writable_spool_is_ok_and_left_as_it_was(tmp_path: Path) -> None:
     assert missing.status is Status.OK
     assert "the proxy will create it" in missing.detail
     assert not (tmp_path / "not-yet").exists()
+
+
+def refuse_search_under(monkeypatch: pytest.MonkeyPatch, locked: Path) -> None:
+    """`stat` of anything under `locked` fails EACCES, as when a directory above it refuses this
+    user a search: then Python 3.11's `exists()` and `is_dir()` raise (root is never refused,
+    so a chmod would not show it when the tests run as root)."""
+    original = Path.stat
+
+    def stat(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        if self.is_relative_to(locked):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return original(self, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(Path, "stat", stat)
+
+
+def test_a_spool_this_user_cannot_look_at_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    refuse_search_under(monkeypatch, locked)
+
+    inside = check_spool_directory(locked / "spool")
+    space = check_spool_space(locked / "spool", 1024**2, Backlog())
+
+    assert inside.status is Status.FAIL
+    assert inside.detail == f"cannot look at {locked / 'spool'}: Permission denied"
+    assert inside.fix is not None and "VKGATE_SPOOL_DIR" in inside.fix
+    assert space.status is Status.FAIL
+    assert space.detail == f"cannot look at {locked / 'spool'}: Permission denied"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root searches a directory without x anyway")
+def test_a_spool_under_a_directory_without_search_fails(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o600)
+    try:
+        result = check_spool_directory(locked / "spool")
+    finally:
+        locked.chmod(0o700)
+    assert result.status is Status.FAIL
+    assert result.detail.startswith(f"cannot look at {locked / 'spool'}: Permission denied")
+
+
+def test_free_space_that_cannot_be_read_fails_naming_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_usage(path: Path) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+
+    result = check_spool_space(tmp_path / "spool", 1024**2, Backlog())
+
+    assert result.status is Status.FAIL
+    assert result.detail == f"cannot look at {tmp_path / 'spool'}: Permission denied at {tmp_path}"
+
+
+def test_a_spool_that_cannot_be_listed_is_an_unknown_backlog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def iterdir(self: Path) -> Iterator[Path]:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+
+    backlog = survey_spool(tmp_path, time.time())
+    result = check_spool_backlog(backlog)
+
+    assert result.status is Status.WARN
+    assert result.detail.startswith(f"cannot read {tmp_path} (Permission denied)")
 
 
 def _segments(replica: Path, count: int, *, size: int = 100, age_s: float = 0.0) -> None:
@@ -336,6 +519,68 @@ def test_metrics_open_to_other_machines_without_a_token_is_a_warning(
         assert result.fix is not None and "VKGATE_METRICS_TOKEN" in result.fix
 
 
+def test_a_health_time_without_a_timezone_is_taken_as_utc() -> None:
+    now = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    naive = (now + timedelta(seconds=90)).replace(tzinfo=None).isoformat()
+
+    def health(request: httpx.Request) -> httpx.Response:
+        body = {"status": "ok", "revision": 7, "time": naive, "version": "1.0"}
+        return httpx.Response(200, json=body)
+
+    transport = httpx.MockTransport(health)
+    with httpx.Client(base_url="http://controlplane", transport=transport) as http:
+        result = check_internal_api(http, INTERNAL_SECRET, ManualClock(now))
+
+    assert result.status is Status.WARN
+    assert "revision 7, version 1.0, clocks 90 s apart" in result.detail
+
+
+def test_a_check_that_raises_is_its_own_fail_and_the_others_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `vkgate.cli.doctor` as an attribute of `vkgate.cli` is the click command, not the module.
+    module = importlib.import_module("vkgate.cli.doctor")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"went wrong near {INTERNAL_SECRET}")
+
+    for check in ("check_controlplane", "check_spool_directory", "survey_spool"):
+        monkeypatch.setattr(module, check, broken)
+    env = {
+        **secrets_env(f"sqlite:///{tmp_path / 'controlplane.db'}"),
+        "VKGATE_HOME": str(tmp_path),
+        "VKGATE_METRICS_ADDR": "off",
+    }
+
+    results = {r.check: r for r in module.run_checks(env)}
+
+    assert list(results) == [
+        "configuration",
+        "proxy settings",
+        "control plane settings",
+        "secrets file",
+        "control plane",
+        "internal API",
+        "database",
+        "ledger",
+        "redis",
+        "spool directory",
+        "spool disk space",
+        "spool backlog",
+        "metrics address",
+    ]
+    for check in ("control plane", "spool directory", "spool backlog"):
+        assert results[check].status is Status.FAIL
+        # No secret is printed, not even one an exception quotes.
+        assert results[check].detail == (
+            "doctor could not complete this check: RuntimeError: went wrong near ***"
+        )
+    assert results["internal API"].status is Status.SKIP
+    assert results["spool disk space"].status in (Status.OK, Status.WARN)
+    assert results["metrics address"].status is Status.OK
+    assert results["database"].detail.endswith("no such file")
+
+
 # --- against a running control plane ----------------------------------------------------------
 
 
@@ -370,9 +615,9 @@ def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return vkgate("doctor", *args, env=env, cwd=Path(env["VKGATE_HOME"]))
 
 
-def checks(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
+def checks(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict[str, Any]]]:
     """`vkgate doctor --json`: its exit status and its checks by name."""
-    result = doctor(env, "--json")
+    result = doctor(env, "--json", *args)
     assert "Traceback" not in result.stderr, result.stderr
     answer = json.loads(result.stdout)
     assert all(set(item) == {"check", "status", "detail", "fix"} for item in answer)
@@ -524,3 +769,70 @@ def test_an_unreachable_redis_fails_without_printing_its_url(machine: dict[str, 
     assert found["redis"]["status"] == "fail"
     for output in (text.stdout + text.stderr, json.dumps(found)):
         assert PASSWORD not in output and url not in output
+
+
+def test_a_proxy_only_machine_passes_and_service_proxy_skips_the_control_planes_checks(
+    controlplane: tuple[Service, Path], tmp_path: Path
+) -> None:
+    service, _ = controlplane
+    env = clean_env(
+        VKGATE_HOME=str(tmp_path),
+        VKGATE_CONTROLPLANE_URL=service.url,
+        VKGATE_INTERNAL_SECRET=INTERNAL_SECRET,
+    )
+
+    every, found = checks(env)
+    status, only = checks(env, "--service", "proxy")
+
+    assert every == 0, found
+    assert found["control plane settings"]["status"] == "warn"
+    assert "`vkgate doctor --service proxy`" in found["control plane settings"]["fix"]
+    assert status == 0, only
+    for check in ("control plane settings", "database", "ledger"):
+        assert only[check]["detail"] == "skipped: --service proxy"
+    assert only["proxy settings"]["status"] == "ok"
+    assert only["internal API"]["status"] == "ok"
+    assert only["spool directory"]["status"] == "ok"
+
+
+def test_service_controlplane_skips_the_proxys_checks_and_signs_with_its_own_secret(
+    machine: dict[str, str],
+) -> None:
+    machine["VKGATE_PROXY_SERVER"] = "not-a-server"  # malformed: the proxy would not start
+
+    every, found = checks(machine)
+    status, only = checks(machine, "--service", "controlplane")
+    refused = doctor(machine, "--service", "both")
+
+    assert every == 1
+    assert found["proxy settings"]["status"] == "fail"
+    assert status == 0, only
+    for check in (
+        "proxy settings",
+        "redis",
+        "spool directory",
+        "spool disk space",
+        "spool backlog",
+        "metrics address",
+    ):
+        assert only[check]["detail"].startswith("skipped: --service controlplane"), only[check]
+    assert only["control plane settings"]["status"] == "ok"
+    assert only["internal API"]["status"] == "ok"
+    assert only["database"]["status"] == "ok"
+    assert refused.returncode == 2
+    assert "'both' is not one of 'proxy', 'controlplane', 'all'" in refused.stderr
+
+
+def test_a_control_plane_without_its_ledger_is_a_warning_not_a_failure() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/healthz":
+            return httpx.Response(200, json={"status": "ok"})
+        body = {"status": "degraded", "database": "ok", "ledger": "timeout"}
+        return httpx.Response(200, json=body)
+
+    with httpx.Client(base_url="http://cp.test", transport=httpx.MockTransport(answer)) as http:
+        result, up = check_controlplane(http)
+    assert up
+    assert result.status is Status.WARN
+    assert "ledger=timeout" in result.detail
+    assert result.fix is not None and "VKGATE_LEDGER_URL" in result.fix

@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
 import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from vkgate import env as E
 from vkgate.cli._client import SECRETS_FILE, default_url
-from vkgate.cli.doctor._result import Result, Status, shown_url, skipped
+from vkgate.cli.doctor._result import Result, Status, incomplete, shown_url, skipped
 
 if TYPE_CHECKING:
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
 
 T = TypeVar("T")
+
+
+class Scope(StrEnum):
+    """Which of vkgate's services this machine runs: `vkgate doctor --service`."""
+
+    PROXY = "proxy"
+    CONTROLPLANE = "controlplane"
+    ALL = "all"
+
+
+_NAMES = {Scope.PROXY: "proxy", Scope.CONTROLPLANE: "control plane"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +46,11 @@ class Configuration:
     controlplane: ControlPlaneSettings | None
 
 
-def read_configuration(environ: Mapping[str, str]) -> tuple[Configuration, list[Result]]:
-    """The settings as `vkgate up` reads them: the secrets file, overridden by the environment."""
+def read_configuration(
+    environ: Mapping[str, str], scope: Scope = Scope.ALL
+) -> tuple[Configuration, list[Result]]:
+    """The settings as `vkgate up` reads them: the secrets file, overridden by the environment;
+    only those of the services in `scope`."""
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
 
@@ -64,10 +81,16 @@ def read_configuration(environ: Mapping[str, str]) -> tuple[Configuration, list[
     elif not results:
         source = f"{len(stored)} from {path}" if path.exists() else f"no {path}"
         results.append(Result("configuration", Status.OK, f"{count} VKGATE_* settings ({source})"))
-    proxy = _parse("proxy", ProxySettings.from_env, _describe_proxy, env, path)
-    controlplane = _parse(
-        "control plane", ControlPlaneSettings.from_env, _describe_controlplane, env, path
-    )
+    proxy: _Parsed[ProxySettings] = _not_run(Scope.PROXY, scope)
+    controlplane: _Parsed[ControlPlaneSettings] = _not_run(Scope.CONTROLPLANE, scope)
+    if scope is not Scope.CONTROLPLANE:
+        proxy = _parse(Scope.PROXY, ProxySettings.from_env, _describe_proxy, env, path)
+    if scope is not Scope.PROXY:
+        controlplane = _parse(
+            Scope.CONTROLPLANE, ControlPlaneSettings.from_env, _describe_controlplane, env, path
+        )
+    if scope is Scope.ALL:
+        proxy, controlplane = _one_service_only(proxy, controlplane, path)
     configuration = Configuration(env, path, proxy.settings, controlplane.settings)
     return configuration, [*results, proxy.result, controlplane.result]
 
@@ -83,36 +106,129 @@ def _unknown_message(name: str, in_file: bool) -> str:
 _VARIABLE = re.compile(r"VKGATE_[A-Z0-9_]+")
 
 
+_STAND_IN = base64.urlsafe_b64encode(bytes(32)).decode()
+"""Valid as any secret and as an encryption key: put in for a missing one, to see what else the
+settings would refuse."""
+
+_SECRETS = frozenset(
+    {
+        "VKGATE_INTERNAL_SECRET",
+        "VKGATE_JWT_SECRET",
+        "VKGATE_KEY_PEPPER",
+        "VKGATE_ENCRYPTION_KEY",
+        "VKGATE_ADMIN_TOKEN",
+        "VKGATE_METRICS_TOKEN",
+        "VKGATE_TELEMETRY_KEY",
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class _Parsed(Generic[T]):
     settings: T | None
     result: Result
+    missing: tuple[str, ...] = ()
+    """The required secrets not set, when they are all that the settings refuse."""
+
+
+def _not_run(service: Scope, scope: Scope) -> _Parsed[T]:
+    return _Parsed(None, skipped(f"{_NAMES[service]} settings", f"--service {scope}"))
 
 
 def _parse(
-    service: str,
+    service: Scope,
     factory: Callable[[Mapping[str, str]], T],
     describe: Callable[[T], str],
     env: Mapping[str, str],
     secrets_path: Path,
 ) -> _Parsed[T]:
-    check = f"{service} settings"
+    check = f"{_NAMES[service]} settings"
     try:
         settings = factory(env)
+        return _Parsed(settings, Result(check, Status.OK, describe(settings)))
     except E.SettingError as exc:
-        message = str(exc)
-        names = _VARIABLE.findall(message)
+        error = exc
+    except Exception as exc:  # a settings module's bug: the other checks still run
+        return _Parsed(None, incomplete(check, exc))
+    try:
+        missing, malformed = _diagnose(factory, env, error)
+    except Exception:  # stand-ins the settings choke on: report what they said at first
+        missing, malformed = [], error
+    if malformed is not None:
+        names = _VARIABLE.findall(str(malformed))
         name = names[0] if names else "the variable named"
-        if "is required" in message:
-            # A machine may run only one of the services: say whose setting this is.
-            fix = (
-                f"set {name} in the environment or in {secrets_path} if this machine runs the "
-                f"{service} (`vkgate up` generates every secret there)"
-            )
+        unset = f" (and {', '.join(missing)} not set)" if missing else ""
+        fix = f"correct {name} as the message says"
+        return _Parsed(None, Result(check, Status.FAIL, f"{malformed}{unset}", fix))
+    # A machine may run only one of the services: say whose settings these are.
+    fix = (
+        f"set {', '.join(missing)} in the environment or in {secrets_path} if this machine runs "
+        f"the {_NAMES[service]} (`vkgate up` generates every secret there)"
+    )
+    return _Parsed(None, Result(check, Status.FAIL, _unset(missing, error), fix), tuple(missing))
+
+
+def _diagnose(
+    factory: Callable[[Mapping[str, str]], object], env: Mapping[str, str], error: E.SettingError
+) -> tuple[list[str], E.SettingError | None]:
+    """The required secrets missing from `env`, and the first error that is not one of those:
+    the settings stop at their first error, so each missing secret is stood in for in turn."""
+    filled = dict(env)
+    missing: list[str] = []
+    while True:
+        names = _VARIABLE.findall(str(error))
+        if "is required" not in str(error) or not names or names[0] in missing:
+            return missing, error
+        missing.append(names[0])
+        filled[names[0]] = _STAND_IN
+        try:
+            factory(filled)
+        except E.SettingError as exc:
+            error = exc
         else:
-            fix = f"correct {name} as the message says"
-        return _Parsed(None, Result(check, Status.FAIL, message, fix))
-    return _Parsed(settings, Result(check, Status.OK, describe(settings)))
+            return missing, None
+
+
+def _unset(missing: list[str], first: E.SettingError) -> str:
+    return f"{first}; also not set: {', '.join(missing[1:])}" if missing[1:] else str(first)
+
+
+def _one_service_only(
+    proxy: _Parsed[ProxySettings], controlplane: _Parsed[ControlPlaneSettings], secrets_path: Path
+) -> tuple[_Parsed[ProxySettings], _Parsed[ControlPlaneSettings]]:
+    """A warning, not a failure, for secrets missing only for the service this machine may not
+    run: a proxy-only machine has no JWT secret, and needs none."""
+    if proxy.missing and controlplane.settings is not None:
+        return _may_not_run(proxy, Scope.PROXY, Scope.CONTROLPLANE, secrets_path), controlplane
+    if controlplane.missing and proxy.settings is not None:
+        return proxy, _may_not_run(controlplane, Scope.CONTROLPLANE, Scope.PROXY, secrets_path)
+    return proxy, controlplane
+
+
+def _may_not_run(
+    parsed: _Parsed[T], service: Scope, other: Scope, secrets_path: Path
+) -> _Parsed[T]:
+    names = ", ".join(parsed.missing)
+    fix = (
+        f"if this machine runs only the {_NAMES[other]}, check it with "
+        f"`vkgate doctor --service {other}`; if it runs the {_NAMES[service]}, set {names} in "
+        f"the environment or in {secrets_path} (`vkgate up` generates every secret there)"
+    )
+    return replace(parsed, result=replace(parsed.result, status=Status.WARN, fix=fix))
+
+
+def secret_values(env: Mapping[str, str]) -> set[str]:
+    """The secrets in `env`, and the passwords in its URLs: never printed by a check."""
+    values = {value for name, value in env.items() if name in _SECRETS and len(value) >= 8}
+    for name, value in env.items():
+        if name.startswith("VKGATE_") and "://" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:  # a malformed URL, reported by its own check
+                continue
+            if password:
+                values |= {password, unquote(password)}
+    return values
 
 
 def _describe_proxy(settings: ProxySettings) -> str:
@@ -124,8 +240,12 @@ def _describe_proxy(settings: ProxySettings) -> str:
 
 def _describe_controlplane(settings: ControlPlaneSettings) -> str:
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-    backend = make_url(settings.database_url).get_backend_name()
+    try:
+        backend = make_url(settings.database_url).get_backend_name()
+    except (ArgumentError, ValueError):
+        backend = "(URL not understood: see the database check)"
     return (
         f"valid: serves on {settings.host}:{settings.port}, database {backend}, "
         f"ledger {settings.ledger.kind}"
@@ -133,9 +253,17 @@ def _describe_controlplane(settings: ControlPlaneSettings) -> str:
 
 
 def check_secrets_file(path: Path) -> Result:
-    if not path.exists():
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
         return skipped("secrets file", f"no {path} (`vkgate up` writes one on its first run)")
-    mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        return Result(
+            "secrets file",
+            Status.FAIL,
+            f"cannot look at {path} ({exc.strerror or exc})",
+            f"let this user reach {path.parent}, or run doctor as the user vkgate runs as",
+        )
     if mode & 0o077:
         return Result(
             "secrets file",

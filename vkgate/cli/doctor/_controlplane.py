@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import httpx
 import msgspec
@@ -42,6 +42,14 @@ def check_controlplane(http: httpx.Client) -> tuple[Result, bool]:
             f"{where}: live, but /readyz answered {ready.status_code} ({said})",
             "the control plane cannot serve: see its log, and the database check here",
         ), True
+    if fields.get("status") == "degraded":
+        return Result(
+            "control plane",
+            Status.WARN,
+            f"{where}: serving, but its spend ledger does not answer ({said})",
+            "spend waits in the proxies' spools meanwhile: check the ledger named by "
+            "VKGATE_LEDGER_URL on the control plane (the ledger check here, its log)",
+        ), True
     return Result("control plane", Status.OK, f"{where}: live; /readyz: {said}"), True
 
 
@@ -65,6 +73,10 @@ def check_internal_api(http: httpx.Client, secret: str, clock: Clock) -> Result:
     except (msgspec.DecodeError, ValueError):
         failure = Failure("protocol", "the health answer is not a vkgate control plane's")
         return Result("internal API", Status.FAIL, f"{where}: {failure}", failure.fix)
+    if their_time.tzinfo is None:
+        # vkgate's wire is UTC: a time without an offset (an older or foreign writer) is UTC too,
+        # and comparing it with this clock's aware time would raise.
+        their_time = their_time.replace(tzinfo=UTC)
     midpoint = sent + (clock.now() - sent) / 2
     skew = (their_time - midpoint).total_seconds()
     found = (

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,6 +28,35 @@ class Result:
 
 def skipped(check: str, why: str) -> Result:
     return Result(check, Status.SKIP, f"skipped: {why}")
+
+
+def incomplete(check: str, exc: Exception) -> Result:
+    """The FAIL of a check that raised where nothing expected it to."""
+    return Result(
+        check,
+        Status.FAIL,
+        f"doctor could not complete this check: {type(exc).__name__}: {exc}",
+        "the other checks still ran; if the message does not say what to change here, report "
+        "it as a vkgate doctor bug",
+    )
+
+
+def guarded(check: str, run: Callable[[], Result]) -> Result:
+    """`run()`, or its exception as this check's FAIL: one broken check must not cost the
+    report every check after it."""
+    try:
+        return run()
+    except Exception as exc:
+        return incomplete(check, exc)
+
+
+def redacted(result: Result, secrets: Iterable[str]) -> Result:
+    """`result` with every one of `secrets` in its text replaced by `***`."""
+    detail, fix = result.detail, result.fix
+    for secret in secrets:
+        detail = detail.replace(secret, "***")
+        fix = fix and fix.replace(secret, "***")
+    return replace(result, detail=detail, fix=fix)
 
 
 def shown_url(url: str) -> str:

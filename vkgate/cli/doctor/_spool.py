@@ -21,8 +21,28 @@ def _nearest_existing(path: Path) -> Path:
     return Path("/")
 
 
+def _cannot_look(check: str, root: Path, exc: OSError) -> Result:
+    """The FAIL for a spool this user cannot even look at: `exists()` and `is_dir()` raise
+    rather than answer False when a parent directory refuses a search (EACCES)."""
+    at = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
+    return Result(
+        check,
+        Status.FAIL,
+        f"cannot look at {root}: {exc.strerror or exc}{at}",
+        f"let the proxy's user (and the user running doctor) search every directory above "
+        f"{root}, or point VKGATE_SPOOL_DIR at a directory it can reach",
+    )
+
+
 def check_spool_directory(root: Path) -> Result:
     """The spool exists and takes a file, or its nearest existing parent lets it be created."""
+    try:
+        return _spool_directory(root)
+    except OSError as exc:
+        return _cannot_look("spool directory", root, exc)
+
+
+def _spool_directory(root: Path) -> Result:
     if root.is_dir():
         try:
             with tempfile.NamedTemporaryFile(dir=root, prefix=".vkgate-doctor-"):
@@ -66,6 +86,8 @@ class Backlog:
     bytes: int = 0
     oldest_age_s: float | None = None
     rejected: int = 0
+    unreadable: str | None = None
+    """What could not be read, so the counts above may be short."""
 
 
 def survey_spool(root: Path, now: float) -> Backlog:
@@ -73,16 +95,21 @@ def survey_spool(root: Path, now: float) -> Backlog:
 
     segments = size = rejected = 0
     oldest: float | None = None
+    unreadable: str | None = None
     try:
         replicas = [p for p in root.iterdir() if REPLICA_ID.fullmatch(p.name) and p.is_dir()]
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
+        # Nothing can wait there: the spool directory check says what is wrong with it.
         return Backlog()
+    except OSError as exc:
+        return Backlog(unreadable=_unreadable(root, exc))
     for replica in replicas:
         try:
             files = list(replica.iterdir())
             rejected_dir = replica / REJECTED_DIR
             rejected += len(list(rejected_dir.iterdir())) if rejected_dir.is_dir() else 0
-        except OSError:
+        except OSError as exc:
+            unreadable = unreadable or _unreadable(replica, exc)
             continue
         for path in files:
             if path.suffix != SEALED_SUFFIX or not path.stem.isdigit():
@@ -91,16 +118,26 @@ def survey_spool(root: Path, now: float) -> Backlog:
                 info = path.stat()
             except FileNotFoundError:  # shipped and deleted by a running proxy meanwhile
                 continue
+            except OSError as exc:
+                unreadable = unreadable or _unreadable(path, exc)
+                continue
             segments += 1
             size += info.st_size
             # Sealed within a flush interval of its last record: its age, near enough.
             oldest = info.st_mtime if oldest is None else min(oldest, info.st_mtime)
     age = None if oldest is None else max(0.0, now - oldest)
-    return Backlog(segments, size, age, rejected)
+    return Backlog(segments, size, age, rejected, unreadable)
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    return f"cannot read {path} ({exc.strerror or exc})"
 
 
 def check_spool_space(root: Path, max_bytes: int, backlog: Backlog) -> Result:
-    free = shutil.disk_usage(_nearest_existing(root)).free
+    try:
+        free = shutil.disk_usage(_nearest_existing(root)).free
+    except OSError as exc:
+        return _cannot_look("spool disk space", root, exc)
     room = max(0, max_bytes - backlog.bytes)
     found = f"{_size(free)} free; the spool may grow by {_size(room)} (bound {_size(max_bytes)})"
     if free < room:
@@ -115,6 +152,15 @@ def check_spool_space(root: Path, max_bytes: int, backlog: Backlog) -> Result:
 
 
 def check_spool_backlog(backlog: Backlog) -> Result:
+    if backlog.unreadable:
+        # Unknown rather than wrong: the spool directory check fails for a spool out of reach.
+        return Result(
+            "spool backlog",
+            Status.WARN,
+            f"{backlog.unreadable}; {backlog.segments} sealed segment(s) seen",
+            "let the proxy's user (and the user running doctor) read the spool, or point "
+            "VKGATE_SPOOL_DIR at a directory it can reach",
+        )
     if not backlog.segments and not backlog.rejected:
         return Result("spool backlog", Status.OK, "no sealed segments waiting to ship")
     age = "" if backlog.oldest_age_s is None else f", oldest {backlog.oldest_age_s:.0f} s"

@@ -22,16 +22,36 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
     from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
     from sqlalchemy.pool import NullPool
 
     from controlplane.db import sync_url
     from controlplane.migrate import alembic_config
 
-    url = make_url(database_url)
+    try:
+        url = make_url(database_url)
+    except (ArgumentError, ValueError):
+        # Not the parser's message: it may quote the URL, password and all.
+        return Result(
+            "database",
+            Status.FAIL,
+            "VKGATE_DATABASE_URL is not a URL this can read",
+            "write it as postgresql+psycopg://user:password@host:port/database (percent-encode "
+            "any @ : / in the password) or sqlite:///path/to/file.db",
+        )
     where = _database_where(url)
     sqlite = url.get_backend_name() == "sqlite"
-    if sqlite and url.database not in (None, "", ":memory:") and not Path(url.database).exists():
+    file = Path(url.database) if sqlite and url.database and url.database != ":memory:" else None
+    try:
+        missing = file is not None and not file.exists()
+    except OSError as exc:  # EACCES on a parent: `exists()` raises rather than answer
+        return Result(
+            "database",
+            Status.FAIL,
+            f"{where}: cannot look at it ({exc.strerror or exc})",
+            "let this user reach the file, or run doctor as the control plane's user",
+        )
+    if missing:
         # Connecting would create an empty file, and then the schema check would blame that.
         return Result(
             "database",
@@ -40,7 +60,22 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
             "create it with `vkgate migrate` (or start `vkgate up` here)",
         )
     connect_args = {"timeout": timeout_s} if sqlite else {"connect_timeout": max(1, int(timeout_s))}
-    engine = create_engine(sync_url(database_url), poolclass=NullPool, connect_args=connect_args)
+    try:
+        engine = create_engine(
+            sync_url(database_url), poolclass=NullPool, connect_args=connect_args
+        )
+    except (SQLAlchemyError, ImportError, ValueError) as exc:
+        # A database driver not installed, or a query option the driver refuses.
+        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        if url.password:
+            reason = reason.replace(url.password, "***")
+        return Result(
+            "database",
+            Status.FAIL,
+            f"{where}: cannot open ({reason})",
+            "install vkgate with its database driver (psycopg for PostgreSQL), and check the "
+            "options in VKGATE_DATABASE_URL",
+        )
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
@@ -88,7 +123,16 @@ def check_ledger(location: LedgerLocation, *, controlplane_up: bool) -> Result:
             f"checked through the control plane's /readyz (embedded chDB at {location.display} "
             "opens in one process at a time)",
         )
-    if location.kind == "chdb" and not (location.path and location.path.is_dir()):
+    try:
+        present = location.kind == "chdb" and location.path is not None and location.path.is_dir()
+    except OSError as exc:  # EACCES on a parent: `is_dir()` raises rather than answer
+        return Result(
+            "ledger",
+            Status.FAIL,
+            f"cannot look at {location.display} ({exc.strerror or exc})",
+            f"let this user reach {location.display}, or run doctor as the control plane's user",
+        )
+    if location.kind == "chdb" and not present:
         return Result(
             "ledger",
             Status.FAIL,
