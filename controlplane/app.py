@@ -61,8 +61,9 @@ async def healthz() -> dict[str, str]:
 
 @get("/readyz", include_in_schema=False)
 async def readyz(vk: Vk) -> Response[dict[str, str]]:
-    """200 when the database and the spend ledger answer; 503 when one does not, or once
-    shutdown has begun (`draining`), so load balancers stop sending."""
+    """200 when the database answers (`degraded` when the spend ledger does not); 503 when
+    the database does not, or once shutdown has begun (`draining`), so load balancers stop
+    sending."""
     checked = await vk.readiness.check()
     return Response(
         {"status": checked.status, "database": checked.database, "ledger": checked.ledger},

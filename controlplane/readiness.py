@@ -1,4 +1,9 @@
-"""Readiness: whether this control plane can serve (its stores answer and it is not draining)."""
+"""Readiness: whether this control plane can serve (its database answers and it is not
+draining), and how its spend ledger is doing.
+
+The ledger is reported, not required: proxies keep spend in their spools while it is away,
+and a ledger outage must not take key resolution and the change feed (which need only the
+database) out of every load balancer with it."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ log = logging.getLogger("vkgate.controlplane")
 CHECK_TIMEOUT_S = 2.0
 """Per store: well inside the usual probe timeouts, so a hung store is reported as such."""
 OK = "ok"
-Status = Literal["ok", "unavailable", "draining"]
+Status = Literal["ok", "degraded", "unavailable", "draining"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +37,7 @@ class Readiness:
 
     @property
     def ready(self) -> bool:
-        return self.status == "ok"
+        return self.status in ("ok", "degraded")
 
 
 class ReadinessProbe:
@@ -48,7 +53,7 @@ class ReadinessProbe:
         database, ledger = await asyncio.gather(
             _reason(self._select_one), _reason(self._ledger.ping)
         )
-        status: Status = "ok" if database == ledger == OK else "unavailable"
+        status: Status = "unavailable" if database != OK else "ok" if ledger == OK else "degraded"
         if self._draining():
             status = "draining"
         if status != self._last:

@@ -26,7 +26,7 @@ async def test_health_and_readiness_answer_without_a_token(client: httpx.AsyncCl
     assert ready.json() == {"status": "ok", "database": "ok", "ledger": "ok"}
 
 
-async def test_an_unreachable_ledger_makes_the_control_plane_unready_without_naming_it(
+async def test_an_unreachable_ledger_leaves_the_control_plane_ready_and_says_so_without_naming_it(
     settings: ControlPlaneSettings, clean_database: Database, clock: ManualClock
 ) -> None:
     down = LedgerLocation(
@@ -45,9 +45,10 @@ async def test_an_unreachable_ledger_makes_the_control_plane_unready_without_nam
             alive = await client.get("/healthz")
     finally:
         await ledger.close()
-    assert ready.status_code == 503
+    # Keys still resolve and the feed still runs: spend waits in the proxies' spools.
+    assert ready.status_code == 200
     body = ready.json()
-    assert body["status"] == "unavailable"
+    assert body["status"] == "degraded"
     assert body["database"] == "ok"
     assert body["ledger"].startswith("unavailable (")
     for leak in ("127.0.0.1", "spender", "ledger-password-7f3a", "http"):
@@ -83,8 +84,8 @@ async def test_a_store_that_does_not_answer_in_time_is_reported_as_a_timeout(
     monkeypatch.setattr(readiness, "CHECK_TIMEOUT_S", 0.05)
     monkeypatch.setattr(app.state["vk"].ledger, "ping", hung)
     ready = await client.get("/readyz")
-    assert ready.status_code == 503
-    assert ready.json() == {"status": "unavailable", "database": "ok", "ledger": "timeout"}
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "degraded", "database": "ok", "ledger": "timeout"}
 
 
 async def test_metrics_are_open_without_a_metrics_token(client: httpx.AsyncClient) -> None:
