@@ -36,7 +36,7 @@ from proxy.providers import registry
 from proxy.settings import ProxySettings
 from proxy.spend.drainer import SpoolDrainer
 from proxy.spend.spool import SpendSpool, SpoolError
-from proxy.telemetry.listener import start_listener
+from proxy.telemetry.listener import MetricsListenerError, start_listener
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracing import Tracing
 from vkgate.clock import Clock, SystemClock
@@ -44,11 +44,15 @@ from vkgate.errors import ErrorCode
 from vkgate.logs import event
 from vkgate.probe import Failure
 from vkgate.stopping import StopSignals
+from vkgate.wire import HealthResponse
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("vkgate.proxy")
+
+HEALTH_REUSE_S = 1.0
+"""A `/health` answer serves every caller for this long."""
 
 
 @dataclass
@@ -69,7 +73,32 @@ class Running:
     started: bool = False
     draining: bool = False
     """A stop signal arrived: requests in progress finish, `/readyz` says 503."""
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _health: asyncio.Future[HealthResponse | Failure] | None = None
+    _health_at: float = 0.0
+
+    async def health_probe(self) -> HealthResponse | Failure:
+        """The control plane's health, asked at most once a second however often `/health` is
+        called: an anonymous caller cannot turn it into load on the control plane."""
+        now = self.clock.monotonic()
+        probe = self._health
+        if probe is None or (probe.done() and now - self._health_at >= HEALTH_REUSE_S):
+            assert self.control is not None
+            probe = self._health = asyncio.ensure_future(self._check_health(self.control))
+            self._health_at = now
+        return await asyncio.shield(probe)
+
+    @staticmethod
+    async def _check_health(control: ControlPlaneClient) -> HealthResponse | Failure:
+        answer = await control.check_health()
+        if isinstance(answer, Failure):
+            event(
+                log,
+                "health_check_failed",
+                logging.WARNING,
+                cause=answer.cause,
+                reason=answer.detail,
+            )
+        return answer
 
     def stop_signalled(self, reason: str) -> None:
         if self.draining:
@@ -146,12 +175,7 @@ async def _metrics_listener(settings: ProxySettings, metrics: ProxyMetrics) -> A
     if settings.metrics_port is None:
         return None
     return await start_listener(
-        metrics,
-        settings.metrics_host,
-        settings.metrics_port,
-        settings.metrics_token,
-        # Several workers share the address; each answers for its own process.
-        shared=settings.workers > 1,
+        metrics, settings.metrics_host, settings.metrics_port, settings.metrics_token
     )
 
 
@@ -171,6 +195,106 @@ def _counters(settings: ProxySettings, clock: Clock) -> Counters:
     return FallbackCounters(RedisCounters(client), LocalCounters(), clock)
 
 
+async def _start(
+    running: Running, stack: contextlib.AsyncExitStack, span_exporter: SpanExporter | None
+) -> None:
+    """Build the proxy, registering on `stack` how each part is stopped: the server has
+    drained its requests by then, so the spool is sealed and shipped (within the grace) while
+    the control-plane client is still open, and the spool closes last."""
+    settings, clock = running.settings, running.clock
+    # First of all: a proxy that cannot record spend must not serve. Recovery reads back what
+    # a previous process left, off the event loop.
+    spool = running.spool = await asyncio.to_thread(_open_spool, settings, clock)
+    stack.callback(spool.close)
+    stack.callback(
+        lambda: event(log, "shutdown_completed", backlog_segments=len(spool.pending_segments()))
+    )
+    tracing = None
+    if settings.otel_endpoint is not None or span_exporter is not None:
+        tracing = Tracing(settings, span_exporter)
+        # Exports what is buffered: blocking, bounded by its flush timeout.
+        stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+    session = await stack.enter_async_context(_session(settings))
+    control = running.control = ControlPlaneClient(
+        settings.controlplane_url,
+        settings.internal_secret,
+        clock,
+        timeout_s=settings.controlplane_timeout_s,
+        transport=running.control_transport,
+    )
+    stack.push_async_callback(control.close)
+    cache = running.cache = AuthCache(
+        control,
+        registry(session, clock),
+        clock,
+        maxsize=settings.auth_cache_size,
+        soft_bump_s=settings.auth_cache_soft_bump_s,
+        hard_grace_s=settings.auth_cache_hard_grace_s,
+        config_ttl_s=settings.auth_cache_config_ttl_s,
+        invalid_key_cache_s=settings.invalid_key_cache_s,
+    )
+    stack.push_async_callback(cache.close)
+    counters = running.counters = _counters(settings, clock)
+    stack.push_async_callback(counters.close)
+    poller = running.poller = ChangeFeedPoller(
+        control, cache, timeout_s=settings.changes_timeout_s, monotonic=clock.monotonic
+    )
+    gateway = running.gateway = Gateway(
+        settings,
+        cache,
+        spool,
+        clock=clock,
+        counters=counters,
+        spend_source=control,
+        metrics=running.metrics,
+        tracing=tracing,
+    )
+    spool.on_ledgered = gateway.budgets.ledgered_through
+    running.watch()
+    try:
+        listener = await _metrics_listener(settings, running.metrics)
+    except MetricsListenerError as exc:
+        event(log, "metrics_listener_failed", logging.ERROR, reason=str(exc))
+        raise
+    if listener is not None:
+        stack.push_async_callback(listener.cleanup)
+    drainer = running.drainer = SpoolDrainer(
+        spool, control.ship_spend, clock, interval_s=settings.spend_flush_interval_s
+    )
+    drainer.start()
+    stack.push_async_callback(drainer.stop, settings.shutdown_grace_s)
+    feed = asyncio.create_task(poller.run(), name="change-feed")
+    stack.push_async_callback(_cancel, feed)
+    loop = asyncio.get_running_loop()
+
+    def on_stop(name: str) -> None:
+        # A signal handler runs between two bytecodes, maybe inside the loop's own code: it
+        # only asks the loop to mark the drain (a loop already closed hears nothing).
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(running.stop_signalled, name)
+
+    signals = StopSignals(on_stop)
+    signals.install()
+    stack.callback(signals.uninstall)
+    # Stopped without a signal (the server ending on its own, tests): said all the same.
+    stack.callback(running.stop_signalled, "lifespan_shutdown")
+    stack.callback(setattr, running, "started", False)
+    running.started = True
+    log.info(
+        "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
+        os.getpid(),
+        settings.controlplane_url,
+        spool.directory,
+        spool.replica_id,
+    )
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def create_app(
     settings: ProxySettings,
     *,
@@ -180,113 +304,13 @@ def create_app(
 ) -> Litestar:
     """The proxy app; `span_exporter` replaces the OTLP exporter (and turns tracing on)."""
     running = Running(settings, clock or SystemClock(), control_transport)
-    tracing = (
-        Tracing(settings, span_exporter)
-        if settings.otel_endpoint is not None or span_exporter is not None
-        else None
-    )
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        # First of all: a proxy that cannot record spend must not serve. Recovery reads back
-        # what a previous process left, off the event loop.
-        spool = await asyncio.to_thread(_open_spool, settings, running.clock)
-        running.spool = spool
-        try:
-            async with _session(settings) as session:
-                control = ControlPlaneClient(
-                    settings.controlplane_url,
-                    settings.internal_secret,
-                    running.clock,
-                    timeout_s=settings.controlplane_timeout_s,
-                    transport=running.control_transport,
-                )
-                cache = AuthCache(
-                    control,
-                    registry(session, running.clock),
-                    running.clock,
-                    maxsize=settings.auth_cache_size,
-                    soft_bump_s=settings.auth_cache_soft_bump_s,
-                    hard_grace_s=settings.auth_cache_hard_grace_s,
-                    config_ttl_s=settings.auth_cache_config_ttl_s,
-                    invalid_key_cache_s=settings.invalid_key_cache_s,
-                )
-                poller = ChangeFeedPoller(
-                    control,
-                    cache,
-                    timeout_s=settings.changes_timeout_s,
-                    monotonic=running.clock.monotonic,
-                )
-                drainer = SpoolDrainer(
-                    spool,
-                    control.ship_spend,
-                    running.clock,
-                    interval_s=settings.spend_flush_interval_s,
-                )
-                running.control, running.cache, running.poller = control, cache, poller
-                running.drainer = drainer
-                counters = running.counters = _counters(settings, running.clock)
-                gateway = Gateway(
-                    settings,
-                    cache,
-                    spool,
-                    clock=running.clock,
-                    counters=counters,
-                    spend_source=control,
-                    metrics=running.metrics,
-                    tracing=tracing,
-                )
-                spool.on_ledgered = gateway.budgets.ledgered_through
-                running.gateway = gateway
-                running.watch()
-                listener = await _metrics_listener(settings, running.metrics)
-                running.tasks.append(asyncio.create_task(poller.run(), name="change-feed"))
-                drainer.start()
-                loop = asyncio.get_running_loop()
-
-                def on_stop(name: str) -> None:
-                    # A signal handler runs between two bytecodes, maybe inside the loop's own
-                    # code: it only asks the loop to mark the drain.
-                    loop.call_soon_threadsafe(running.stop_signalled, name)
-
-                signals = StopSignals(on_stop)
-                signals.install()
-                running.started = True
-                log.info(
-                    "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
-                    os.getpid(),
-                    settings.controlplane_url,
-                    spool.directory,
-                    spool.replica_id,
-                )
-                try:
-                    yield
-                finally:
-                    signals.uninstall()
-                    running.started = False
-                    for task in running.tasks:
-                        task.cancel()
-                    for task in running.tasks:
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
-                    # The server has drained its requests: seal, and ship what the grace
-                    # allows while the control-plane client is still open.
-                    await drainer.stop(settings.shutdown_grace_s)
-                    if listener is not None:
-                        await listener.cleanup()
-                    await counters.close()
-                    await cache.close()
-                    await control.close()
-                    if tracing is not None:
-                        # Exports what is buffered: blocking, bounded by its timeout.
-                        await asyncio.to_thread(tracing.shutdown)
-                    event(
-                        log,
-                        "shutdown_completed",
-                        backlog_segments=len(spool.pending_segments()),
-                    )
-        finally:
-            spool.close()
+        # Everything is closed in the reverse of its making, also when start-up fails half way.
+        async with contextlib.AsyncExitStack() as stack:
+            await _start(running, stack, span_exporter)
+            yield
 
     @asgi("/v1", is_mount=True, copy_scope=False)
     async def v1(scope: Scope, receive: Receive, send: Send) -> None:
@@ -382,17 +406,15 @@ def _limits_mode(counters: Counters | None) -> str:
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """A signed round trip to the control plane; when it fails, which step failed and how to
-    fix it."""
+    fix it. The answer names no host or address (the route is as public as `/v1`): the
+    `health_check_failed` log line has the detail."""
     running = _running(request)
     if running.control is None:
         return Response({"status": "starting"}, status_code=503)
-    answer = await running.control.check_health()
+    answer = await running.health_probe()
     if isinstance(answer, Failure):
         return Response(
-            {
-                "status": "unavailable",
-                "controlplane": {"cause": answer.cause, "detail": answer.detail, "fix": answer.fix},
-            },
+            {"status": "unavailable", "controlplane": {"cause": answer.cause, "fix": answer.fix}},
             status_code=503,
         )
     return Response(

@@ -32,6 +32,7 @@ class Head:
         "anthropic_version",
         "content_length",
         "end_user",
+        "generated_id",
         "key",
         "request_id",
         "traceparent",
@@ -66,11 +67,13 @@ class Head:
         self.key = _bearer(key) if key is not None else None
         if self.key is None and api_key:
             self.key = api_key.decode("latin-1").strip() or None
-        self.request_id = (
-            request_id
-            if request_id is not None and _REQUEST_ID.fullmatch(request_id)
-            else os.urandom(16).hex().encode()
-        )
+        if request_id is not None and _REQUEST_ID.fullmatch(request_id):
+            self.request_id: bytes = request_id
+            self.generated_id = False
+        else:
+            self.request_id = os.urandom(16).hex().encode()
+            self.generated_id = True
+            """The request id is ours, not the client's: a trace the proxy starts lends its."""
         self.traceparent = (
             traceparent if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None
         )

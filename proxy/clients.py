@@ -286,6 +286,7 @@ def throttled(wait_s: float) -> ProxyError:
         ErrorCode.RATE_LIMITED,
         f"too many invalid API keys from this address; retry after {seconds} s",
         headers=((b"retry-after", str(seconds).encode()),),
+        reason="invalid_keys",
     )
 
 

@@ -178,6 +178,7 @@ class _Walk:
         """`_call` inside a span of its own, whose `traceparent` the provider gets."""
         causes = self._outcome.causes
         before = len(causes)
+        # Neither call raises: a tracing failure costs the trace, never the request.
         span, traceparent = trace.attempt(upstream, self._outcome.calls + 1)
         try:
             answer = await self._call(upstream, operation, breaker, traceparent)
@@ -347,7 +348,7 @@ def _exhausted(
         "chain_exhausted",
         logging.WARNING,
         code=error.code.value,
-        attempts=",".join(f"{c.provider_id}:{c.status or '-'}:{c.code}" for c in causes),
+        causes=",".join(f"{c.provider_id}:{c.status or '-'}:{c.code}" for c in causes),
     )
     return error
 

@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from proxy import body as B
 from proxy.asgi import (
@@ -192,15 +193,20 @@ class Gateway:
         route = self._routes.get(path)
         anthropic = route is not None and route.anthropic
         label = route.path if route is not None else _route_label(path)
-        trace = None
-        if self._tracing is not None:
-            trace = self._tracing.start_request(scope["method"], label, head.traceparent)
-            head.request_id = trace.request_id
-        observed = False
+        trace = (
+            self._tracing.start_request(scope["method"], label, head)
+            if self._tracing is not None
+            else None
+        )
+        status: int = 500
+        code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
+        error: ProxyError | None = None
+        runtime: KeyRuntime | None = None
+        piped = False
         try:
             if route is not None:
                 self._allow(scope, "POST")
-                observed = True  # the pipeline observes its own end, whatever it is
+                piped = True  # the pipeline observes its own end, whatever it is
                 await self._serve(route, scope, head, receive, send, started, trace)
             elif path == "/models":
                 self._allow(scope, "GET")
@@ -211,31 +217,50 @@ class Gateway:
                     runtime.models_body,
                     [(b"content-type", JSON), (b"x-request-id", head.request_id)],
                 )
-                observed = True
-                self._observer.completed(
-                    MODELS_ROUTE, 200, None, started, head.request_id, runtime=runtime, trace=trace
-                )
+                status, code = 200, None
             else:
                 raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
         except ProxyError as exc:
-            if not observed:
-                self._observer.completed(
-                    label, exc.status, exc.code, started, head.request_id, error=exc, trace=trace
-                )
+            status, code, error = exc.status, exc.code, exc
             await respond_error(send, exc, head.request_id, anthropic=anthropic)
-        except ClientGone:
-            return
+        except (ClientGone, asyncio.CancelledError) as exc:
+            status, code = records.CLIENT_CLOSED, None
+            if isinstance(exc, asyncio.CancelledError):
+                raise
         except Exception:
             # A bug, not a refusal: logged (never the body), and answered in the route's shape.
             log.exception("unexpected error serving /v1%s", label)
-            error = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
-            if not observed:
-                self._observer.completed(
-                    label, 500, ErrorCode.INTERNAL_ERROR, started, head.request_id, trace=trace
-                )
+            bug = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
             # If the answer had already started, a second start is refused: nothing more to say.
             with contextlib.suppress(Exception):
-                await respond_error(send, error, head.request_id, anthropic=anthropic)
+                await respond_error(send, bug, head.request_id, anthropic=anthropic)
+        finally:
+            if not piped:
+                self._observe(
+                    label,
+                    status,
+                    code,
+                    started,
+                    head.request_id,
+                    runtime=runtime,
+                    error=error,
+                    trace=trace,
+                )
+
+    def _observe(
+        self,
+        route: str,
+        status: int,
+        code: ErrorCode | None,
+        started: float,
+        request_id: bytes,
+        **facts: Any,
+    ) -> None:
+        """Count and log a finished request; a failure here never reaches the client."""
+        try:
+            self._observer.completed(route, status, code, started, request_id, **facts)
+        except Exception:
+            log.exception("could not record the telemetry of request %s", request_id.decode())
 
     @staticmethod
     def _allow(scope: Scope, method: str) -> None:
@@ -297,20 +322,8 @@ class Gateway:
         trace: RequestSpan | None,
     ) -> None:
         """The pipeline for a paid route; spend admission wraps it, outermost."""
-        try:
-            ticket = self._ticket(route, head)
-        except ProxyError as exc:
-            self._observer.completed(
-                route.path, exc.status, exc.code, started, head.request_id, error=exc, trace=trace
-            )
-            raise
         outcome = Outcome()
-
-        def answered() -> None:
-            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
-            ticket.settle(outcome, outcome.status, code, self._now())
-
-        outcome.on_answered = answered
+        ticket: records.Ticket | None = None
         status: int = 500
         code: ErrorCode | None = ErrorCode.INTERNAL_ERROR
         hold: Hold | None = None
@@ -319,6 +332,8 @@ class Gateway:
         prepared: Prepared | None = None
         error: ProxyError | None = None
         try:
+            ticket = self._ticket(route, head)
+            outcome.on_answered = self._settle_on_answer(ticket, outcome)
             runtime = ticket.runtime = await self._authenticate(scope, head)
             self._admit()
             admitted = True
@@ -378,12 +393,13 @@ class Gateway:
         finally:
             # Exactly one outcome record per admitted request, whatever happened; a refusal's
             # is written before the refusal is sent, an answer's before its last byte.
-            ticket.settle(outcome, status, code, self._now())
+            if ticket is not None:
+                ticket.settle(outcome, status, code, self._now())
             if admitted:
                 self.in_flight -= 1
-            if hold is not None:
+            if hold is not None and ticket is not None:
                 await self._finish(hold, ticket, outcome)
-            self._observer.completed(
+            self._observe(
                 route.path,
                 status,
                 code,
@@ -396,6 +412,15 @@ class Gateway:
                 end_user=prepared.end_user if prepared is not None else None,
                 trace=trace,
             )
+
+    def _settle_on_answer(self, ticket: records.Ticket, outcome: Outcome) -> Callable[[], None]:
+        """The outcome record, written once the answer is known and before its last byte."""
+
+        def answered() -> None:
+            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+            ticket.settle(outcome, outcome.status, code, self._now())
+
+        return answered
 
     def _admit(self) -> None:
         """Admission control: a bounded number of requests in flight in this process, so an

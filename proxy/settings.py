@@ -92,7 +92,8 @@ class ProxySettings:
         server = (E.string(env, "VKGATE_PROXY_SERVER") or "uvicorn").lower()
         if server not in SERVERS:
             raise E.SettingError(f"VKGATE_PROXY_SERVER must be uvicorn or granian, got {server!r}")
-        metrics_host, metrics_port = _metrics_address(env)
+        workers = E.integer(env, "VKGATE_PROXY_WORKERS", 1, minimum=1)
+        metrics_host, metrics_port = _metrics_address(env, workers)
         return cls(
             internal_secret=E.secret(env, "VKGATE_INTERNAL_SECRET"),
             host=host,
@@ -112,7 +113,7 @@ class ProxySettings:
             circuit_window_s=_seconds(env, "VKGATE_CIRCUIT_WINDOW_S", 30.0),
             circuit_cooldown_s=_seconds(env, "VKGATE_CIRCUIT_COOLDOWN_S", 60.0),
             server=server,
-            workers=E.integer(env, "VKGATE_PROXY_WORKERS", 1, minimum=1),
+            workers=workers,
             log_level=E.log_level(env),
             log_format=E.log_format(env),
             log_requests=E.boolean(env, "VKGATE_LOG_REQUESTS", True),
@@ -146,9 +147,21 @@ class ProxySettings:
         )
 
 
-def _metrics_address(env: Mapping[str, str]) -> tuple[str, int | None]:
-    if (E.string(env, "VKGATE_METRICS_ADDR") or "").lower() == "off":
+def _metrics_address(env: Mapping[str, str], workers: int) -> tuple[str, int | None]:
+    raw = E.string(env, "VKGATE_METRICS_ADDR")
+    if (raw or "").lower() == "off":
         return "127.0.0.1", None
+    if workers > 1:
+        # Each worker counts only its own requests, and a scrape would reach one of them at
+        # random: every counter would seem to reset between scrapes. Off by default, refused
+        # when asked for.
+        if raw is None:
+            return "127.0.0.1", None
+        raise E.SettingError(
+            f"VKGATE_METRICS_ADDR cannot be served by {workers} worker processes "
+            "(VKGATE_PROXY_WORKERS): run one worker per replica and scale replicas, or set "
+            "VKGATE_METRICS_ADDR=off"
+        )
     return E.address(env, "VKGATE_METRICS_ADDR", DEFAULT_METRICS_ADDR)
 
 
@@ -164,7 +177,10 @@ def _otel_endpoint(env: Mapping[str, str]) -> str | None:
             "VKGATE_OTEL_ENDPOINT must be the http(s) URL of an OTLP/HTTP collector "
             "(http://collector:4318)"
         )
-    return url.rstrip("/") if url is not None else None
+    if url is None:
+        return None
+    # The collector's base URL; the per-signal form (…/v1/traces) is taken as well.
+    return url.rstrip("/").removesuffix("/v1/traces")
 
 
 def _ratio(env: Mapping[str, str], name: str, default: float) -> float:

@@ -215,3 +215,41 @@ async def world(client: httpx.AsyncClient) -> World:
         {"project_id": project, "name": "app", "routing_policy_id": policy},
     )
     return World(org, team, project, provider, policy, key["id"], key["key"])
+
+
+# -- long-polls of the change feed ----------------------------------------------------------
+
+
+@pytest.fixture
+def waking_app(
+    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
+) -> Litestar:
+    """A control plane whose waiting long-polls re-read the feed only hourly: only a wake-up
+    answers them within a test."""
+    hourly = dataclasses.replace(settings, feed_poll_interval_s=3600)
+    return create_app(hourly, clock=clock, database=clean_database)
+
+
+@pytest.fixture
+def parked(waking_app: Litestar, monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[None]:
+    """One item each time a long-poll of `waking_app` starts to wait for a wake-up."""
+    notifier = waking_app.state["vk"].notifier
+    queue: asyncio.Queue[None] = asyncio.Queue()
+    wait = notifier.wait
+
+    async def observed_wait(*args: Any, **kwargs: Any) -> bool:
+        queue.put_nowait(None)
+        woken: bool = await wait(*args, **kwargs)
+        return woken
+
+    monkeypatch.setattr(notifier, "wait", observed_wait)
+    return queue
+
+
+async def signed_get(
+    client: httpx.AsyncClient, clock: ManualClock, path_and_query: str
+) -> httpx.Response:
+    headers = signing.signed_headers(
+        INTERNAL_SECRET, "GET", path_and_query, b"", clock.now().timestamp()
+    )
+    return await client.get(path_and_query, headers=headers)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,15 +10,11 @@ import httpx
 import pytest
 from litestar import Litestar
 
-from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.feed import service as feed_service
-from controlplane.settings import ControlPlaneSettings
-from tests.conftest import Internal, World
+from tests.conftest import Internal, World, signed_get
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
-from tests.support.env import INTERNAL_SECRET
-from vkgate import signing
 from vkgate.wire import EventKind
 
 CHANGES = "/api/internal/gateway/changes"
@@ -278,43 +273,10 @@ async def test_a_malformed_poll_is_refused(internal: Internal, world: World, que
 
 
 @pytest.fixture
-def waking_app(
-    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
-) -> Litestar:
-    hourly = dataclasses.replace(settings, feed_poll_interval_s=3600)
-    return create_app(hourly, clock=clock, database=clean_database)
-
-
-@pytest.fixture
 async def concurrent(waking_app: Litestar) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=waking_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://controlplane.test") as c:
         yield c
-
-
-@pytest.fixture
-def parked(waking_app: Litestar, monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[None]:
-    """One item each time a long-poll of `waking_app` starts to wait for a wake-up."""
-    notifier = waking_app.state["vk"].notifier
-    queue: asyncio.Queue[None] = asyncio.Queue()
-    wait = notifier.wait
-
-    async def observed_wait(*args: Any, **kwargs: Any) -> bool:
-        queue.put_nowait(None)
-        woken: bool = await wait(*args, **kwargs)
-        return woken
-
-    monkeypatch.setattr(notifier, "wait", observed_wait)
-    return queue
-
-
-async def signed_get(
-    client: httpx.AsyncClient, clock: ManualClock, path_and_query: str
-) -> httpx.Response:
-    headers = signing.signed_headers(
-        INTERNAL_SECRET, "GET", path_and_query, b"", clock.now().timestamp()
-    )
-    return await client.get(path_and_query, headers=headers)
 
 
 async def test_a_waiting_poll_is_woken_by_an_admin_write_and_returns_its_event(

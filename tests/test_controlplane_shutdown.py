@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import signal
 import time
@@ -16,11 +15,8 @@ import httpx
 import pytest
 from litestar import Litestar
 
-from controlplane.app import create_app
-from controlplane.db import Database
 from controlplane.lifecycle import Lifecycle
-from controlplane.settings import ControlPlaneSettings
-from tests.conftest import World, serve_in_loop
+from tests.conftest import World, serve_in_loop, signed_get
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET, secrets_env
 from tests.support.processes import clean_env, free_port, start, stop, wait_until_healthy
@@ -73,42 +69,9 @@ async def test_the_stop_signal_handler_is_wrapped_while_serving_and_restored_aft
 
 
 @pytest.fixture
-def waking_app(
-    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
-) -> Litestar:
-    hourly = dataclasses.replace(settings, feed_poll_interval_s=3600)
-    return create_app(hourly, clock=clock, database=clean_database)
-
-
-@pytest.fixture
 async def concurrent(waking_app: Litestar) -> AsyncIterator[httpx.AsyncClient]:
     async with serve_in_loop(waking_app, "http://controlplane.test") as http:
         yield http
-
-
-@pytest.fixture
-def parked(waking_app: Litestar, monkeypatch: pytest.MonkeyPatch) -> asyncio.Queue[None]:
-    """One item each time a long-poll of `waking_app` starts to wait for a wake-up."""
-    notifier = waking_app.state["vk"].notifier
-    queue: asyncio.Queue[None] = asyncio.Queue()
-    wait = notifier.wait
-
-    async def observed_wait(*args: Any, **kwargs: Any) -> bool:
-        queue.put_nowait(None)
-        woken: bool = await wait(*args, **kwargs)
-        return woken
-
-    monkeypatch.setattr(notifier, "wait", observed_wait)
-    return queue
-
-
-async def signed_get(
-    client: httpx.AsyncClient, clock: ManualClock, path_and_query: str
-) -> httpx.Response:
-    headers = signing.signed_headers(
-        INTERNAL_SECRET, "GET", path_and_query, b"", clock.now().timestamp()
-    )
-    return await client.get(path_and_query, headers=headers)
 
 
 async def test_a_waiting_long_poll_is_answered_as_soon_as_draining_begins(

@@ -44,6 +44,7 @@ FIELDS: frozenset[str] = frozenset(
         "input_tokens",
         "output_tokens",
         "cause",
+        "causes",
         "provider_id",
         # circuit breakers
         "failures",
@@ -147,15 +148,25 @@ class JsonFormatter(logging.Formatter):
         return self._encoder.encode(line).decode()
 
 
+def _text(value: object) -> str:
+    """A field's value on a text line: strings quoted and escaped (JSON's rules), so a value
+    with spaces, quotes or newlines cannot be mistaken for more fields or another line."""
+    return _encode(value).decode() if isinstance(value, str) else str(value)
+
+
+_encode = msgspec.json.Encoder().encode
+
+
 class TextFormatter(logging.Formatter):
     """`time level logger: event key=value ...`, for a terminal."""
 
     def format(self, record: logging.LogRecord) -> str:
         if hasattr(record, _EXTRA):
-            pairs = " ".join(f"{name}={value}" for name, value in fields_of(record).items())
+            pairs = " ".join(f"{name}={_text(value)}" for name, value in fields_of(record).items())
             text = f"{record.msg} {pairs}".rstrip()
         else:
-            text = record.getMessage()
+            # One record, one line: a message cannot forge a line of its own.
+            text = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
         line = f"{_timestamp(record)} {record.levelname} {record.name}: {text}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)

@@ -43,7 +43,10 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, sig: int, frame: FrameType | None) -> None:
-        self._on_stop(signal.Signals(sig).name)
-        previous = self._previous.get(sig)
-        if previous is not None:
-            previous(sig, frame)
+        try:
+            self._on_stop(signal.Signals(sig).name)
+        finally:
+            # Whatever `on_stop` did, the server hears of the stop.
+            previous = self._previous.get(sig)
+            if previous is not None:
+                previous(sig, frame)

@@ -24,12 +24,9 @@ class MetricsListenerError(Exception):
 
 
 async def start_listener(
-    metrics: ProxyMetrics, host: str, port: int, token: str | None, *, shared: bool = False
+    metrics: ProxyMetrics, host: str, port: int, token: str | None
 ) -> web.AppRunner:
-    """Serve `GET /metrics` on host:port until the returned runner is cleaned up.
-
-    `shared`: several worker processes bind the same port (each answers for itself).
-    """
+    """Serve `GET /metrics` on host:port until the returned runner is cleaned up."""
 
     async def scrape(request: web.Request) -> web.Response:
         if token is not None:
@@ -45,7 +42,7 @@ async def start_listener(
     app.router.add_get("/metrics", scrape)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_port=shared or None)
+    site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:

@@ -73,7 +73,7 @@ class RequestObserver:
             first_byte_at = outcome.first_byte_at
             if first_byte_at is not None:
                 metrics.first_byte.observe((route,), first_byte_at - started)
-            self._attempts(outcome, alias, provider, status)
+            self._attempts(outcome, alias, provider)
         if error is not None:
             self._refusal(error)
         end_user_hash = pseudonym(self._telemetry_key, end_user) if end_user else None
@@ -107,7 +107,7 @@ class RequestObserver:
                 end_user_hash=end_user_hash,
             )
 
-    def _attempts(self, outcome: Outcome, alias: str, provider: str, status: int) -> None:
+    def _attempts(self, outcome: Outcome, alias: str, provider: str) -> None:
         metrics = self._metrics
         names = metrics.provider_names
         for cause in outcome.causes:
@@ -117,7 +117,9 @@ class RequestObserver:
         if upstream is None:
             return
         names[upstream.provider_id] = provider
-        metrics.attempts.add((provider, "ok" if status < 400 else f"{status // 100}xx"))
+        # The provider's own status: the client's may differ (499 when it went away).
+        answered = outcome.status
+        metrics.attempts.add((provider, "ok" if answered < 400 else f"{answered // 100}xx"))
         if outcome.causes:
             metrics.fallbacks.add((alias,), len(outcome.causes))
         if outcome.sent_at is not None and outcome.committed_at is not None:

@@ -2,10 +2,13 @@
 
 A span per request (SERVER) and one per provider attempt (CLIENT, its child); each attempt
 sends the provider a W3C `traceparent` naming its own span, and a caller's `traceparent` is
-the request span's parent. With tracing on, `X-Request-ID` is the trace id, so a request id
-from a client's error report finds the trace. The SDK is imported only when tracing is on (it
-is the `otel` extra), and the tracer provider is the proxy's own, not the global one: a library
-the proxy uses cannot add spans to it or change where they go.
+the request span's parent. A request that brought neither an id nor a trace is known by its
+trace id (`X-Request-ID`), so a request id from a client's error report finds the trace.
+Tracing never fails a request: a span that cannot be made or ended is logged and skipped.
+
+The SDK is imported only when tracing is on (it is the `otel` extra), and the tracer provider
+is the proxy's own, not the global one: a library the proxy uses cannot add spans to it or
+change where they go.
 
 Span attributes are ids, codes and names from configuration: never a prompt, a key, a
 credential or an end user as sent (an end user is the telemetry HMAC, or absent).
@@ -13,8 +16,10 @@ credential or an end user as sent (an end user is the telemetry HMAC, or absent)
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+from proxy.asgi import Head
 from proxy.providers import Upstream
 from vkgate.errors import ErrorCode
 
@@ -24,6 +29,12 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
     from proxy.settings import ProxySettings
+
+
+log = logging.getLogger("vkgate.proxy.tracing")
+
+FLUSH_TIMEOUT_MS = 3000
+"""At shutdown, what the last spans' export may take (part of the stop's time budget)."""
 
 
 class TracingUnavailable(Exception):
@@ -75,62 +86,84 @@ class Tracing:
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            endpoint = f"{settings.otel_endpoint}/v1/traces"
+            endpoint = f"{settings.otel_endpoint}/v1/traces"  # the settings took off any suffix
             # Batched, exported from the SDK's own thread: never on the event loop.
             self._provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=5))
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=2))
             )
         self._tracer: Tracer = self._provider.get_tracer("vkgate.proxy", vkgate.__version__)
         self._propagator = TraceContextTextMapPropagator()
 
-    def start_request(self, method: str, route: str, traceparent: bytes | None) -> RequestSpan:
-        from opentelemetry.trace import SpanKind, set_span_in_context
+    def start_request(self, method: str, route: str, head: Head) -> RequestSpan | None:
+        """The request's span, its caller's `traceparent` as parent; None when none could be
+        made (never raises: the request goes on untraced).
 
-        carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}
-        parent = self._propagator.extract(carrier)
-        span = self._tracer.start_span(
-            f"{method} {route}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": route},
-        )
-        return RequestSpan(self, span, set_span_in_context(span))
+        A request that brought no id of its own and no trace is known by the trace's id, so
+        the id a client reports finds the trace. Otherwise the id stays the client's (or one
+        of its own per request: many requests may share one caller's trace) and the span
+        carries it as `vkgate.request_id`.
+        """
+        try:
+            from opentelemetry.trace import SpanKind, set_span_in_context
+
+            traceparent = head.traceparent
+            carrier = {"traceparent": traceparent.decode("latin-1")} if traceparent else {}
+            parent = self._propagator.extract(carrier)
+            span = self._tracer.start_span(
+                f"{method} {route}",
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes={"http.request.method": method, "http.route": route},
+            )
+            context = span.get_span_context()
+            if head.generated_id and traceparent is None and context.is_valid:
+                head.request_id = f"{context.trace_id:032x}".encode()
+            span.set_attribute("vkgate.request_id", head.request_id.decode("latin-1"))
+            return RequestSpan(self, span, set_span_in_context(span))
+        except Exception:
+            log.exception("could not start a request's span")
+            return None
 
     def shutdown(self) -> None:
-        """Export what is buffered (bounded by the exporter's timeout), then stop."""
+        """Export what is buffered, for at most `FLUSH_TIMEOUT_MS`, then stop."""
+        self._provider.force_flush(FLUSH_TIMEOUT_MS)
         self._provider.shutdown()
 
 
 class RequestSpan:
     """One request's span, and the parent of its attempts' spans."""
 
-    __slots__ = ("_context", "_tracing", "request_id", "span")
+    __slots__ = ("_context", "_tracing", "span")
 
     def __init__(self, tracing: Tracing, span: Any, context: Any) -> None:
         self._tracing = tracing
         self.span: Span = span
         self._context = context
-        self.request_id = f"{span.get_span_context().trace_id:032x}".encode()
-        """The trace id in hex: the request's `X-Request-ID` while tracing is on."""
 
-    def attempt(self, upstream: Upstream, number: int) -> tuple[Any, str]:
-        """A span for one provider attempt, and the `traceparent` that names it."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
+    def attempt(self, upstream: Upstream, number: int) -> tuple[Any, str | None]:
+        """A span for one provider attempt, and the `traceparent` that names it; (None, None)
+        when no span could be made (never raises: the request goes on untraced)."""
+        try:
+            from opentelemetry.trace import SpanKind, set_span_in_context
 
-        span = self._tracing._tracer.start_span(
-            f"provider {upstream.provider_name}",
-            context=self._context,
-            kind=SpanKind.CLIENT,
-            attributes={
-                "vkgate.provider": upstream.provider_name,
-                "vkgate.provider_id": upstream.provider_id,
-                "vkgate.attempt": number,
-                "gen_ai.request.model": upstream.model,
-            },
-        )
-        carrier: dict[str, str] = {}
-        self._tracing._propagator.inject(carrier, context=set_span_in_context(span))
-        return span, carrier["traceparent"]
+            span = self._tracing._tracer.start_span(
+                f"provider {upstream.provider_name}",
+                context=self._context,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "vkgate.provider": upstream.provider_name,
+                    "vkgate.provider_id": upstream.provider_id,
+                    "vkgate.attempt": number,
+                    "gen_ai.request.model": upstream.model,
+                },
+            )
+            carrier: dict[str, str] = {}
+            self._tracing._propagator.inject(carrier, context=set_span_in_context(span))
+        except Exception:
+            log.exception("could not start a provider attempt's span")
+            return None, None
+        # A disabled SDK (OTEL_SDK_DISABLED) makes no-op spans, which inject nothing.
+        return span, carrier.get("traceparent")
 
     def end(
         self,
@@ -143,32 +176,42 @@ class RequestSpan:
         attempts: int,
         end_user_hash: str | None,
     ) -> None:
-        from opentelemetry.trace import Status, StatusCode
+        """End the request's span with what became of the request (never raises)."""
+        try:
+            from opentelemetry.trace import Status, StatusCode
 
-        span = self.span
-        span.set_attribute("http.response.status_code", status)
-        span.set_attribute("vkgate.attempts", attempts)
-        for name, value in (
-            ("vkgate.vk_id", vk_id),
-            ("vkgate.model", model),
-            ("vkgate.provider", provider),
-            ("vkgate.end_user_hash", end_user_hash),
-            ("vkgate.error_code", code.value if code is not None else None),
-        ):
-            if value:
-                span.set_attribute(name, value)
-        if status >= 500:
-            span.set_status(Status(StatusCode.ERROR, code.value if code is not None else None))
-        span.end()
+            span = self.span
+            span.set_attribute("http.response.status_code", status)
+            span.set_attribute("vkgate.attempts", attempts)
+            for name, value in (
+                ("vkgate.vk_id", vk_id),
+                ("vkgate.model", model),
+                ("vkgate.provider", provider),
+                ("vkgate.end_user_hash", end_user_hash),
+                ("vkgate.error_code", code.value if code is not None else None),
+            ):
+                if value:
+                    span.set_attribute(name, value)
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR, code.value if code is not None else None))
+            span.end()
+        except Exception:
+            log.exception("could not end a request's span")
 
 
 def end_attempt(span: Any, status: int | None, code: ErrorCode | None) -> None:
-    """End an attempt's span with the provider's status, or why it gave no answer."""
-    from opentelemetry.trace import Status, StatusCode
+    """End an attempt's span with the provider's status, or why it gave no answer (never
+    raises; nothing to do without a span)."""
+    if span is None:
+        return
+    try:
+        from opentelemetry.trace import Status, StatusCode
 
-    if status is not None:
-        span.set_attribute("http.response.status_code", status)
-    if code is not None:
-        span.set_attribute("vkgate.error_code", code.value)
-        span.set_status(Status(StatusCode.ERROR, code.value))
-    span.end()
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        if code is not None:
+            span.set_attribute("vkgate.error_code", code.value)
+            span.set_status(Status(StatusCode.ERROR, code.value))
+        span.end()
+    except Exception:
+        log.exception("could not end a provider attempt's span")

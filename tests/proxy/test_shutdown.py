@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,22 @@ def events(log: Path) -> list[dict[str, Any]]:
     lines = []
     for line in log.read_text().splitlines():
         if line.startswith("{"):
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line, caught half written
             if "event" in record:
                 lines.append(record)
     return lines
+
+
+def logged(log: Path, name: str) -> None:
+    """Wait until another process's log holds the event `name` (bounded: it fails after
+    EXIT_TIMEOUT_S)."""
+    deadline = time.monotonic() + EXIT_TIMEOUT_S
+    while not any(record["event"] == name for record in events(log)):
+        assert time.monotonic() < deadline, f"no {name} in {log.read_text()}"
+        time.sleep(0.02)  # another process's log, polled: nothing here can be injected
 
 
 async def test_sigterm_lets_a_stream_in_progress_finish_and_exits_cleanly(
@@ -91,7 +104,8 @@ async def test_sigterm_lets_a_stream_in_progress_finish_and_exits_cleanly(
         )
         try:
             await asyncio.to_thread(wait_until_healthy, proxy)
-            fake_openai.stream_events, fake_openai.chunk_delay_s = EVENTS, 0.02
+            gate = fake_openai.stream_gate = asyncio.Event()
+            fake_openai.stream_events = EVENTS
             body = {
                 "model": "chat",
                 "stream": True,
@@ -110,11 +124,15 @@ async def test_sigterm_lets_a_stream_in_progress_finish_and_exits_cleanly(
                 assert answer.status_code == 200
                 async for chunk in answer.aiter_bytes():
                     if not received:
+                        # The stream is held open after its first event: stop the proxy now,
+                        # and let the stream go on once the proxy has said it is stopping.
                         proxy.process.send_signal(signal.SIGTERM)
+                        await asyncio.to_thread(logged, proxy.log, "shutdown_started")
+                        gate.set()
                     received += chunk
             code = await asyncio.to_thread(proxy.process.wait, EXIT_TIMEOUT_S * 2)
         finally:
-            fake_openai.stream_events, fake_openai.chunk_delay_s = 0, 0.0
+            fake_openai.stream_events, fake_openai.stream_gate = 0, None
             stop(proxy.process)
     assert received.rstrip().endswith(b"data: [DONE]"), received[-200:]
     # uvicorn ends by raising the stop signal again once it has shut down, so the process's

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from litestar import Litestar
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.settings import ProxySettings
 from proxy.telemetry.observe import RequestObserver
 from tests.proxy.conftest import (
     CHAT_ALIAS,
@@ -31,7 +33,8 @@ from tests.proxy.conftest import (
 from tests.support.clock import ManualClock
 from tests.support.fake_openai import API_KEY
 from tests.support.processes import free_port
-from vkgate.logs import JsonFormatter, pseudonym
+from vkgate.env import SettingError
+from vkgate.logs import JsonFormatter, TextFormatter, pseudonym
 from vkgate.stopping import StopSignals
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -243,9 +246,17 @@ async def test_no_prompt_key_credential_or_end_user_reaches_a_log_line_or_a_metr
 
 
 def test_an_end_user_is_left_out_without_a_telemetry_key() -> None:
-    assert pseudonym(None, END_USER) is None
-    tagged = pseudonym(TELEMETRY_KEY.encode(), END_USER)
-    assert tagged is not None and len(tagged) == 16 and END_USER not in tagged
+    from proxy.telemetry.metrics import ProxyMetrics
+
+    with json_log_lines() as lines:
+        for key in (None, TELEMETRY_KEY.encode()):
+            observer = RequestObserver(ProxyMetrics(), lambda: 2.0, telemetry_key=key)
+            observer.completed("/v1/embeddings", 200, None, 1.0, b"r", end_user=END_USER)
+    unkeyed, keyed = (json.loads(line) for line in lines)
+    assert "end_user_hash" not in unkeyed
+    assert keyed["end_user_hash"] == pseudonym(TELEMETRY_KEY.encode(), END_USER)
+    assert len(keyed["end_user_hash"]) == 16
+    assert END_USER not in "\n".join(lines)
 
 
 async def test_readyz_says_draining_once_a_stop_signal_arrived(
@@ -312,3 +323,87 @@ def test_request_observer_counts_nothing_but_labels_it_was_given() -> None:
     assert value(text, "vkgate_requests_total", code="rate_limited", model="") == 1
     assert value(text, "vkgate_request_duration_seconds_sum", route="/v1/embeddings") == 0.5
     assert "req-1" not in text
+
+
+def test_a_failing_stop_hook_still_lets_the_server_hear_the_signal() -> None:
+    heard: list[str] = []
+    original = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda sig, frame: heard.append("server"))
+
+    def broken(name: str) -> None:
+        raise RuntimeError("the app's hook failed")
+
+    try:
+        signals = StopSignals(broken)
+        signals.install()
+        with pytest.raises(RuntimeError):
+            signal.raise_signal(signal.SIGTERM)
+        signals.uninstall()
+    finally:
+        signal.signal(signal.SIGTERM, original)
+    assert heard == ["server"]
+
+
+@pytest.mark.parametrize(
+    ("env", "host", "port"),
+    [
+        ({}, "127.0.0.1", 9464),
+        ({"VKGATE_METRICS_ADDR": "off"}, "127.0.0.1", None),
+        ({"VKGATE_METRICS_ADDR": "0.0.0.0:9100"}, "0.0.0.0", 9100),
+        # Several workers would each count alone: no listener unless asked for (refused then).
+        ({"VKGATE_PROXY_WORKERS": "2"}, "127.0.0.1", None),
+        ({"VKGATE_PROXY_WORKERS": "2", "VKGATE_METRICS_ADDR": "off"}, "127.0.0.1", None),
+    ],
+)
+def test_metrics_address_settings(env: dict[str, str], host: str, port: int | None) -> None:
+    settings = ProxySettings.from_env({"VKGATE_INTERNAL_SECRET": "s" * 32, **env})
+    assert (settings.metrics_host, settings.metrics_port) == (host, port)
+
+
+def test_a_metrics_address_for_several_workers_is_refused_by_name() -> None:
+    with pytest.raises(SettingError, match="VKGATE_METRICS_ADDR cannot be served by 2 worker"):
+        ProxySettings.from_env(
+            {
+                "VKGATE_INTERNAL_SECRET": "s" * 32,
+                "VKGATE_PROXY_WORKERS": "2",
+                "VKGATE_METRICS_ADDR": "127.0.0.1:9100",
+            }
+        )
+
+
+@pytest.mark.parametrize(
+    ("raw", "endpoint"),
+    [
+        ("http://collector:4318", "http://collector:4318"),
+        ("http://collector:4318/", "http://collector:4318"),
+        ("http://collector:4318/v1/traces", "http://collector:4318"),
+    ],
+)
+def test_the_otel_endpoint_takes_the_base_or_the_traces_url(raw: str, endpoint: str) -> None:
+    env = {"VKGATE_INTERNAL_SECRET": "s" * 32, "VKGATE_OTEL_ENDPOINT": raw}
+    assert ProxySettings.from_env(env).otel_endpoint == endpoint
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("VKGATE_OTEL_ENDPOINT", "collector:4318", "VKGATE_OTEL_ENDPOINT must be the http"),
+        ("VKGATE_OTEL_SAMPLE_RATIO", "1.5", "VKGATE_OTEL_SAMPLE_RATIO must be between 0 and 1"),
+        ("VKGATE_TELEMETRY_KEY", "short", "VKGATE_TELEMETRY_KEY must be at least 32"),
+        ("VKGATE_LOG_REQUESTS", "maybe", "VKGATE_LOG_REQUESTS must be true or false"),
+        ("VKGATE_LOG_FORMAT", "xml", "VKGATE_LOG_FORMAT must be json or text"),
+        ("VKGATE_METRICS_ADDR", "nowhere", "VKGATE_METRICS_ADDR must be host:port"),
+    ],
+)
+def test_bad_telemetry_settings_are_refused_by_name(name: str, value: str, message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        ProxySettings.from_env({"VKGATE_INTERNAL_SECRET": "s" * 32, name: value})
+
+
+def test_text_log_lines_cannot_be_forged_by_a_value() -> None:
+    formatter = TextFormatter()
+    record = logging.LogRecord("vkgate.proxy", logging.INFO, "", 0, "request_completed", (), None)
+    record.vkgate_fields = {"model": 'a" b\nfake=1', "status": 200}
+    line = formatter.format(record)
+    assert "\n" not in line
+    assert line.endswith('request_completed model="a\\" b\\nfake=1" status=200')

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 from aiohttp import web
 from litestar import Litestar
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -46,7 +47,8 @@ async def test_a_request_and_each_attempt_get_spans_and_providers_get_their_trac
             },
         )
     assert answer.status_code == 200
-    assert answer.headers["x-request-id"] == CALLER_TRACE
+    # The caller's own id is kept: many requests can share one caller's trace.
+    assert answer.headers["x-request-id"] == "the-callers-own-id"
 
     spans = exporter.get_finished_spans()
     (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
@@ -60,6 +62,7 @@ async def test_a_request_and_each_attempt_get_spans_and_providers_get_their_trac
     assert server.attributes["http.response.status_code"] == 200
     assert server.attributes["vkgate.vk_id"] == failover.key_id
     assert server.attributes["vkgate.attempts"] == 2
+    assert server.attributes["vkgate.request_id"] == "the-callers-own-id"
 
     dead, live = attempts
     assert dead.attributes["vkgate.provider"] == "dead"
@@ -78,7 +81,7 @@ async def test_a_request_and_each_attempt_get_spans_and_providers_get_their_trac
         assert PROMPT not in str(span.attributes) and failover.key not in str(span.attributes)
 
 
-async def test_without_a_caller_traceparent_the_request_id_is_a_new_trace_id(
+async def test_a_request_with_no_id_and_no_trace_is_known_by_its_trace_id(
     app: Litestar, client: httpx.AsyncClient, clock: ManualClock, failover: Tenant
 ) -> None:
     exporter = InMemorySpanExporter()
@@ -149,3 +152,49 @@ async def test_spans_reach_an_otlp_collector_by_the_time_the_proxy_has_stopped(
         if attribute.key == "service.name"
     }
     assert service == {"vkgate-under-test"}
+
+
+async def test_requests_in_one_callers_trace_keep_ids_of_their_own(
+    app: Litestar, client: httpx.AsyncClient, clock: ManualClock, tenant: Tenant
+) -> None:
+    exporter = InMemorySpanExporter()
+    headers = {
+        "Authorization": f"Bearer {tenant.key}",
+        "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+    }
+    async with (
+        serve_proxy(app, clock, proxy_settings(), span_exporter=exporter) as proxy,
+        proxy.http() as http,
+    ):
+        ids = [
+            (await http.post("/v1/chat/completions", json=CHAT, headers=headers)).headers[
+                "x-request-id"
+            ]
+            for _ in range(2)
+        ]
+    assert len(set(ids)) == 2 and CALLER_TRACE not in ids
+    servers = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert sorted(s.attributes["vkgate.request_id"] for s in servers) == sorted(ids)
+    assert {f"{s.context.trace_id:032x}" for s in servers} == {CALLER_TRACE}
+
+
+async def test_a_disabled_sdk_leaves_requests_served_and_untraced(
+    app: Litestar,
+    client: httpx.AsyncClient,
+    clock: ManualClock,
+    tenant: Tenant,
+    fake_openai: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # OTEL_SDK_DISABLED makes every span a no-op: no ids, nothing to inject.
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    async with (
+        serve_proxy(app, clock, proxy_settings(), span_exporter=InMemorySpanExporter()) as proxy,
+        proxy.http() as http,
+    ):
+        answer = await http.post(
+            "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {tenant.key}"}
+        )
+    assert answer.status_code == 200
+    assert answer.headers["x-request-id"] != "0" * 32
+    assert fake_openai.received[-1].header("traceparent") is None

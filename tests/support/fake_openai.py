@@ -68,6 +68,8 @@ class FakeProvider:
     break_after_events: int | None = None
     """Cut the connection once a stream has sent this many events, without ending the body
     (at 0 the cut may come before the status line reaches the client)."""
+    stream_gate: asyncio.Event | None = None
+    """When set, a stream waits for this event after its first event (a stream held open)."""
     streamed: list[bytes] = field(default_factory=list)
     """Every stream event sent, in order, across requests: the bytes a client should see."""
     stream_cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -114,6 +116,8 @@ class FakeProvider:
                     return response
                 await response.write(event)
                 self.streamed.append(event)
+                if sent == 0 and self.stream_gate is not None:
+                    await self.stream_gate.wait()
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)
             await response.write_eof()
