@@ -263,6 +263,9 @@ def main() -> None:
                     "VKGATE_METRICS_ADDR": f"127.0.0.1:{free_port()}",
                     **dict(setting.split("=", 1) for setting in args.proxy_env),
                 }
+                if proxy_env.get("VKGATE_PROXY_WORKERS", "1") != "1":
+                    # Several workers serve no metrics (each would count alone).
+                    proxy_env["VKGATE_METRICS_ADDR"] = "off"
                 if mode == "redis":
                     proxy_env["VKGATE_REDIS_URL"] = args.redis_url
                 name = f"vkgate ({server})" if mode == "none" else f"vkgate ({server}, {mode})"

@@ -397,21 +397,24 @@ class Gateway:
                 ticket.settle(outcome, status, code, self._now())
             if admitted:
                 self.in_flight -= 1
-            if hold is not None and ticket is not None:
-                await self._finish(hold, ticket, outcome)
-            self._observe(
-                route.path,
-                status,
-                code,
-                started,
-                head.request_id,
-                runtime=runtime,
-                model=prepared.model if prepared is not None else None,
-                outcome=outcome,
-                error=error,
-                end_user=prepared.end_user if prepared is not None else None,
-                trace=trace,
-            )
+            try:
+                if hold is not None and ticket is not None:
+                    await self._finish(hold, ticket, outcome)
+            finally:
+                # Observed even when cancelled again while the limits settle.
+                self._observe(
+                    route.path,
+                    status,
+                    code,
+                    started,
+                    head.request_id,
+                    runtime=runtime,
+                    model=prepared.model if prepared is not None else None,
+                    outcome=outcome,
+                    error=error,
+                    end_user=prepared.end_user if prepared is not None else None,
+                    trace=trace,
+                )
 
     def _settle_on_answer(self, ticket: records.Ticket, outcome: Outcome) -> Callable[[], None]:
         """The outcome record, written once the answer is known and before its last byte."""

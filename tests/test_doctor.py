@@ -32,9 +32,10 @@ from vkgate.cli.doctor._config import (
     check_metrics_address,
     check_secrets_file,
     read_configuration,
+    secret_values,
 )
 from vkgate.cli.doctor._controlplane import check_controlplane, check_internal_api
-from vkgate.cli.doctor._result import Status
+from vkgate.cli.doctor._result import Result, Status, redacted
 from vkgate.cli.doctor._spool import (
     Backlog,
     check_spool_backlog,
@@ -836,3 +837,24 @@ def test_a_control_plane_without_its_ledger_is_a_warning_not_a_failure() -> None
     assert result.status is Status.WARN
     assert "ledger=timeout" in result.detail
     assert result.fix is not None and "VKGATE_LEDGER_URL" in result.fix
+
+
+def test_several_workers_are_named_as_why_there_is_no_metrics_listener() -> None:
+    result = check_metrics_address("127.0.0.1", None, None, workers=2)
+    assert result.status is Status.OK
+    assert result.detail == "off (2 proxy workers serve no metrics)"
+
+
+def test_a_short_url_password_is_not_masked_everywhere_it_happens_to_appear() -> None:
+    env = {
+        "VKGATE_DATABASE_URL": "postgresql+psycopg://postgres:postgres@localhost/vkgate",
+        "VKGATE_REDIS_URL": "redis://:a-long-redis-password@localhost:6379/0",
+    }
+    assert secret_values(env) == set()
+    quoted = Result(
+        "database",
+        Status.FAIL,
+        "postgresql at localhost: cannot open postgresql+psycopg://postgres:postgres@db/vkgate",
+    )
+    shown = redacted(quoted, secret_values(env))
+    assert shown.detail == "postgresql at localhost: cannot open postgresql+psycopg://db/vkgate"

@@ -105,7 +105,7 @@ def classify(exc: BaseException) -> Failure:
 def from_status(status: int, body_message: str | None) -> Failure:
     """The cause of an unwanted status from the internal API (`body_message`: the error's
     `message`, see `error_message`)."""
-    said = f" ({_short(_scrub(body_message))})" if body_message else ""
+    said = f" ({_short(scrub_credentials(body_message))})" if body_message else ""
     if status == 401:
         # The control plane's message ends in what it found wrong (mismatch, skew, missing):
         # both reasons are named, the likelier first, since either gives the same 401.
@@ -185,7 +185,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return _short(exc.strerror)
     text = str(exc).strip()
-    return _short(_scrub(text.splitlines()[0])) if text else type(exc).__name__
+    return _short(scrub_credentials(text.splitlines()[0])) if text else type(exc).__name__
 
 
 def _tls_reason(exc: ssl.SSLError) -> str:
@@ -199,7 +199,7 @@ def _tls_reason(exc: ssl.SSLError) -> str:
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
-def _scrub(text: str) -> str:
+def scrub_credentials(text: str) -> str:
     """Credentials in any URL quoted by a message are cut out."""
     return _USERINFO.sub("", text)
 

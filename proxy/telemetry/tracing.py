@@ -17,6 +17,7 @@ credential or an end user as sent (an end user is the telemetry HMAC, or absent)
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from proxy.asgi import Head
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vkgate.proxy.tracing")
 
-FLUSH_TIMEOUT_MS = 3000
+FLUSH_TIMEOUT_S = 3.0
 """At shutdown, what the last spans' export may take (part of the stop's time budget)."""
 
 
@@ -124,10 +125,20 @@ class Tracing:
             log.exception("could not start a request's span")
             return None
 
-    def shutdown(self) -> None:
-        """Export what is buffered, for at most `FLUSH_TIMEOUT_MS`, then stop."""
-        self._provider.force_flush(FLUSH_TIMEOUT_MS)
-        self._provider.shutdown()
+    def shutdown(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Export what is buffered and stop; blocks for `timeout_s` at most.
+
+        The SDK's own flush does not keep to a timeout (it exports every queued batch, each
+        up to the exporter's timeout), so it runs in a daemon thread that is waited for only
+        so long: a collector that does not answer cannot hold up the process's exit.
+        """
+        worker = threading.Thread(
+            target=self._provider.shutdown, name="vkgate-tracing-shutdown", daemon=True
+        )
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            log.warning("tracing: the last spans were not exported within %g s", timeout_s)
 
 
 class RequestSpan:

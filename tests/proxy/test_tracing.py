@@ -3,6 +3,8 @@ and `X-Request-ID` equal to the trace id; exported over real OTLP/HTTP to a coll
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,6 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from proxy.asgi import Head
+from proxy.telemetry.tracing import Tracing
 from tests.proxy.conftest import CHAT_ALIAS, Tenant, proxy_settings, serve_proxy
 from tests.support.clock import ManualClock
 from tests.support.fake_openai import FakeOpenAI
@@ -198,3 +202,23 @@ async def test_a_disabled_sdk_leaves_requests_served_and_untraced(
     assert answer.status_code == 200
     assert answer.headers["x-request-id"] != "0" * 32
     assert fake_openai.received[-1].header("traceparent") is None
+
+
+async def test_a_collector_that_never_answers_cannot_hold_up_the_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    silent = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    tracing = Tracing(proxy_settings(otel_endpoint=f"http://127.0.0.1:{port}"))
+    span = tracing.start_request("POST", "/v1/chat/completions", Head({"headers": []}))
+    assert span is not None
+    span.end(200, None, vk_id=None, model=None, provider=None, attempts=0, end_user_hash=None)
+    logger = logging.getLogger("vkgate.proxy.tracing")
+    logger.addHandler(caplog.handler)
+    try:
+        async with silent:
+            # Bounded by its own timeout, not by the collector.
+            await asyncio.to_thread(tracing.shutdown, 0.2)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert any("were not exported within 0.2 s" in r.getMessage() for r in caplog.records)

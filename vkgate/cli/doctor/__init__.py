@@ -161,7 +161,7 @@ def _proxy_side(config: Configuration, scope: Scope, clock: Clock) -> list[Resul
         guarded(
             "metrics address",
             lambda: check_metrics_address(
-                proxy.metrics_host, proxy.metrics_port, proxy.metrics_token
+                proxy.metrics_host, proxy.metrics_port, proxy.metrics_token, workers=proxy.workers
             ),
         ),
     ]

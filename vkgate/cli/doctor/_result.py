@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
+from vkgate.probe import scrub_credentials
+
 
 class Status(StrEnum):
     OK = "ok"
@@ -51,8 +53,10 @@ def guarded(check: str, run: Callable[[], Result]) -> Result:
 
 
 def redacted(result: Result, secrets: Iterable[str]) -> Result:
-    """`result` with every one of `secrets` in its text replaced by `***`."""
-    detail, fix = result.detail, result.fix
+    """`result` with every one of `secrets` in its text replaced by `***`, and the user part
+    (password included) of any URL it quotes cut out."""
+    detail = scrub_credentials(result.detail)
+    fix = result.fix and scrub_credentials(result.fix)
     for secret in secrets:
         detail = detail.replace(secret, "***")
         fix = fix and fix.replace(secret, "***")
