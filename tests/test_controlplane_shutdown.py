@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -57,11 +58,18 @@ async def test_draining_twice_is_draining_once(app: Litestar) -> None:
 async def test_the_stop_signal_handler_is_wrapped_while_serving_and_restored_after(
     app: Litestar,
 ) -> None:
-    # Under pytest SIGINT has a Python handler (KeyboardInterrupt) for the app to wrap.
-    before = signal.getsignal(signal.SIGINT)
-    async with serve_in_loop(app, "http://cp.test"):
-        assert signal.getsignal(signal.SIGINT) is not before
-    assert signal.getsignal(signal.SIGINT) is before
+    # A server's Python handler, as uvicorn installs one, for the app to wrap. (What the test
+    # run inherited may be "ignore", as in a shell's background job: nothing to wrap there.)
+    def server_handler(sig: int, frame: FrameType | None) -> None:
+        pass
+
+    inherited = signal.signal(signal.SIGINT, server_handler)
+    try:
+        async with serve_in_loop(app, "http://cp.test"):
+            assert signal.getsignal(signal.SIGINT) is not server_handler
+        assert signal.getsignal(signal.SIGINT) is server_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 # --- long-polls while draining, in the test's loop ---------------------------------------------
