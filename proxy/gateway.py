@@ -13,7 +13,6 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from proxy import body as B
 from proxy.asgi import (
@@ -236,7 +235,7 @@ class Gateway:
                 await respond_error(send, bug, head.request_id, anthropic=anthropic)
         finally:
             if not piped:
-                self._observe(
+                self._observer.completed(
                     label,
                     status,
                     code,
@@ -246,21 +245,6 @@ class Gateway:
                     error=error,
                     trace=trace,
                 )
-
-    def _observe(
-        self,
-        route: str,
-        status: int,
-        code: ErrorCode | None,
-        started: float,
-        request_id: bytes,
-        **facts: Any,
-    ) -> None:
-        """Count and log a finished request; a failure here never reaches the client."""
-        try:
-            self._observer.completed(route, status, code, started, request_id, **facts)
-        except Exception:
-            log.exception("could not record the telemetry of request %s", request_id.decode())
 
     @staticmethod
     def _allow(scope: Scope, method: str) -> None:
@@ -402,7 +386,7 @@ class Gateway:
                     await self._finish(hold, ticket, outcome)
             finally:
                 # Observed even when cancelled again while the limits settle.
-                self._observe(
+                self._observer.completed(
                     route.path,
                     status,
                     code,

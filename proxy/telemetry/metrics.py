@@ -179,9 +179,6 @@ class ProxyMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         info = GaugeMetricFamily(
             "vkgate_build_info", "The running vkgate version", labels=("version", "service")

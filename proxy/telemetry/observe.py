@@ -57,55 +57,62 @@ class RequestObserver:
         end_user: str | None = None,
         trace: RequestSpan | None = None,
     ) -> None:
-        now = self._now()
-        metrics = self._metrics
-        upstream = outcome.upstream if outcome is not None else None
-        provider = upstream.provider_name if upstream is not None else ""
-        # Only an alias the key's policy names is a label: a client may send any string.
-        alias = (
-            model if model is not None and runtime is not None and model in runtime.chains else ""
-        )
-        code_text = code.value if code is not None else ""
-        metrics.requests.add((route, status, code_text, alias, provider))
-        metrics.duration.observe((route,), now - started)
-        first_byte_at = None
-        if outcome is not None:
-            first_byte_at = outcome.first_byte_at
-            if first_byte_at is not None:
-                metrics.first_byte.observe((route,), first_byte_at - started)
-            self._attempts(outcome, alias, provider)
-        if error is not None:
-            self._refusal(error)
-        end_user_hash = pseudonym(self._telemetry_key, end_user) if end_user else None
-        if trace is not None:
-            trace.end(
-                status,
-                code,
-                vk_id=runtime.vk_id if runtime is not None else None,
-                model=alias or None,
-                provider=provider or None,
-                attempts=outcome.calls if outcome is not None else 0,
-                end_user_hash=end_user_hash,
+        """Count, trace and log a finished request. Never raises: a failure here is logged,
+        and never becomes the client's answer."""
+        try:
+            now = self._now()
+            metrics = self._metrics
+            upstream = outcome.upstream if outcome is not None else None
+            provider = upstream.provider_name if upstream is not None else ""
+            # Only an alias the key's policy names is a label: a client may send any string.
+            alias = (
+                model
+                if model is not None and runtime is not None and model in runtime.chains
+                else ""
             )
-        if self._log_requests and log.isEnabledFor(logging.INFO):
-            event(
-                log,
-                "request_completed",
-                route=route,
-                status=status,
-                code=code_text or None,
-                duration_ms=round((now - started) * 1000, 2),
-                ttfb_ms=None
-                if first_byte_at is None
-                else round((first_byte_at - started) * 1000, 2),
-                request_id=request_id.decode("latin-1"),
-                vk_id=runtime.vk_id if runtime is not None else None,
-                organization_id=runtime.organization_id if runtime is not None else None,
-                model=alias or (model[:MODEL_FIELD_MAX] if model else None),
-                provider=provider or None,
-                attempts=outcome.calls if outcome is not None else 0,
-                end_user_hash=end_user_hash,
-            )
+            code_text = code.value if code is not None else ""
+            metrics.requests.add((route, status, code_text, alias, provider))
+            metrics.duration.observe((route,), now - started)
+            first_byte_at = None
+            if outcome is not None:
+                first_byte_at = outcome.first_byte_at
+                if first_byte_at is not None:
+                    metrics.first_byte.observe((route,), first_byte_at - started)
+                self._attempts(outcome, alias, provider)
+            if error is not None:
+                self._refusal(error)
+            end_user_hash = pseudonym(self._telemetry_key, end_user) if end_user else None
+            if trace is not None:
+                trace.end(
+                    status,
+                    code,
+                    vk_id=runtime.vk_id if runtime is not None else None,
+                    model=alias or None,
+                    provider=provider or None,
+                    attempts=outcome.calls if outcome is not None else 0,
+                    end_user_hash=end_user_hash,
+                )
+            if self._log_requests and log.isEnabledFor(logging.INFO):
+                event(
+                    log,
+                    "request_completed",
+                    route=route,
+                    status=status,
+                    code=code_text or None,
+                    duration_ms=round((now - started) * 1000, 2),
+                    ttfb_ms=None
+                    if first_byte_at is None
+                    else round((first_byte_at - started) * 1000, 2),
+                    request_id=request_id.decode("latin-1"),
+                    vk_id=runtime.vk_id if runtime is not None else None,
+                    organization_id=runtime.organization_id if runtime is not None else None,
+                    model=alias or (model[:MODEL_FIELD_MAX] if model else None),
+                    provider=provider or None,
+                    attempts=outcome.calls if outcome is not None else 0,
+                    end_user_hash=end_user_hash,
+                )
+        except Exception:
+            log.exception("could not record request %s", request_id.decode("latin-1"))
 
     def _attempts(self, outcome: Outcome, alias: str, provider: str) -> None:
         metrics = self._metrics

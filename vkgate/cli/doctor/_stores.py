@@ -66,13 +66,10 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
         )
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         # A database driver not installed, or a query option the driver refuses.
-        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        if url.password:
-            reason = reason.replace(url.password, "***")
         return Result(
             "database",
             Status.FAIL,
-            f"{where}: cannot open ({reason})",
+            f"{where}: cannot open ({_reason(f'{type(exc).__name__}: {exc}', url.password)})",
             "install vkgate with its database driver (psycopg for PostgreSQL), and check the "
             "options in VKGATE_DATABASE_URL",
         )
@@ -81,9 +78,7 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
             connection.execute(text("SELECT 1"))
             current = MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        if url.password:
-            reason = reason.replace(url.password, "***")
+        reason = _reason(str(getattr(exc, "orig", None) or exc), url.password)
         return Result(
             "database",
             Status.FAIL,
@@ -102,6 +97,12 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
             "run `vkgate migrate` (or start the control plane with --migrate)",
         )
     return Result("database", Status.OK, f"{where}: reachable, schema current ({head})")
+
+
+def _reason(message: str, password: str | None) -> str:
+    """A driver's message, its first line, without the database password in it."""
+    line = (message.strip().splitlines() or [""])[0]
+    return line.replace(password, "***") if password else line
 
 
 def _database_where(url: URL) -> str:
