@@ -146,6 +146,7 @@ async def serve_proxy(
             lifespan="on",
             log_level="warning",
             access_log=False,
+            proxy_headers=False,  # as `vkgate proxy` serves it
         )
     )
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

@@ -274,6 +274,17 @@ async def test_unknown_route_outside_v1_is_404_in_the_same_shape(http: httpx.Asy
     openai_error(await http.get("/nope"), 404, "not_found")
 
 
+@pytest.mark.parametrize("path", ["/v1", "/v1/", "/v1x/chat/completions", "/v10/models"])
+async def test_only_v1_and_what_is_under_it_reach_the_gateway(
+    http: httpx.AsyncClient, tenant: Tenant, path: str
+) -> None:
+    response = await http.post(path, json={}, headers=bearer(tenant.key))
+    openai_error(response, 404, "not_found")
+    # The gateway names the route it has not got; the health routes' app says only 404.
+    reached_the_gateway = path in ("/v1", "/v1/")
+    assert ("no route /v1" in response.json()["error"]["message"]) == reached_the_gateway
+
+
 async def test_wrong_method_is_405_naming_the_allowed_one(
     http: httpx.AsyncClient, tenant: Tenant
 ) -> None:
