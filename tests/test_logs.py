@@ -1,13 +1,19 @@
-"""The log allowlist: exactly the fields vkgate's events write, and nothing else gets out."""
+"""The log allowlist (exactly the fields vkgate's events write, and nothing else gets out), and
+the handler that writes the per-request lines in batches without losing or reordering any."""
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import logging
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
-from vkgate.logs import FIELDS, JsonFormatter
+import pytest
+
+from vkgate.logs import FIELDS, FLUSH_BYTES, BufferedLines, JsonFormatter, event
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +40,106 @@ def test_a_field_off_the_allowlist_is_not_written() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert line["event"] == "request_completed" and line["status"] == 200
     assert "prompt" not in line and "key" not in line
+
+
+class Stream(io.StringIO):
+    """What the handler writes to, counting its writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.written = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        self.written.set()
+        return super().write(text)
+
+    def events(self) -> list[str]:
+        return [json.loads(line)["event"] for line in self.getvalue().splitlines()]
+
+
+@pytest.fixture
+def lines() -> Iterator[tuple[Stream, logging.Logger, logging.Logger]]:
+    """A handler batching `t.requests` (an hour between timed flushes: only the other rules
+    flush), and a logger of each kind writing to it."""
+    stream = Stream()
+    handler = BufferedLines(stream, frozenset({"t.requests"}), interval_s=3600)
+    handler.setFormatter(JsonFormatter())
+    loggers = logging.getLogger("t.requests"), logging.getLogger("t.other")
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    yield stream, *loggers
+    for logger in loggers:
+        logger.removeHandler(handler)
+    handler.close()
+
+
+def test_request_lines_wait_for_the_next_other_line_and_keep_their_order(
+    lines: tuple[Stream, logging.Logger, logging.Logger],
+) -> None:
+    stream, requests, other = lines
+    event(requests, "request_completed", status=200)
+    event(requests, "request_completed", status=429)
+    assert stream.getvalue() == ""
+    event(other, "spool_shipped", records=2)
+    assert stream.events() == ["request_completed", "request_completed", "spool_shipped"]
+    assert stream.writes == 1
+
+
+def test_a_warning_from_the_batched_logger_goes_out_at_once(
+    lines: tuple[Stream, logging.Logger, logging.Logger],
+) -> None:
+    stream, requests, _ = lines
+    event(requests, "request_completed", status=200)
+    requests.warning("could not record request r-1")
+    assert len(stream.getvalue().splitlines()) == 2
+
+
+def test_request_lines_go_out_once_enough_bytes_wait(
+    lines: tuple[Stream, logging.Logger, logging.Logger],
+) -> None:
+    stream, requests, _ = lines
+    written = 0
+    while not stream.getvalue():
+        event(requests, "request_completed", request_id="r" * 100)
+        written += 1
+    assert len(stream.getvalue().splitlines()) == written
+    assert len(stream.getvalue()) >= FLUSH_BYTES
+
+
+def test_close_writes_what_waits() -> None:
+    stream = Stream()
+    handler = BufferedLines(stream, frozenset({"t.closing"}), interval_s=3600)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("t.closing")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        event(logger, "request_completed", status=200)
+        assert stream.getvalue() == ""
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert stream.events() == ["request_completed"]
+
+
+def test_the_timer_writes_request_lines_without_any_other_line() -> None:
+    stream = Stream()
+    handler = BufferedLines(stream, frozenset({"t.timed"}), interval_s=0.01)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("t.timed")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        event(logger, "request_completed", status=200)
+        # Nothing else is logged: only the handler's own timer can write the line.
+        assert stream.written.wait(10)
+        assert stream.events() == ["request_completed"]
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
