@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -61,6 +62,8 @@ class Running:
     settings: ProxySettings
     clock: Clock
     control_transport: httpx.AsyncBaseTransport | None = None
+    freeze_heap: bool = False
+    """Freeze the start-up heap (`gc.freeze`): for a server process, never a test's."""
     gateway: Gateway | None = None
     cache: AuthCache | None = None
     control: ControlPlaneClient | None = None
@@ -279,6 +282,11 @@ async def _start(
     stack.callback(running.stop_signalled, "lifespan_shutdown")
     stack.callback(setattr, running, "started", False)
     running.started = True
+    if running.freeze_heap:
+        # What start-up built lives as long as the process: out of the collector's sight, a
+        # full collection no longer walks it (about 45 ms each, several a second under load).
+        gc.collect()
+        gc.freeze()
     log.info(
         "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
         os.getpid(),
@@ -300,9 +308,12 @@ def create_app(
     clock: Clock | None = None,
     control_transport: httpx.AsyncBaseTransport | None = None,
     span_exporter: SpanExporter | None = None,
+    freeze_heap: bool = False,
 ) -> Litestar:
-    """The proxy app; `span_exporter` replaces the OTLP exporter (and turns tracing on)."""
-    running = Running(settings, clock or SystemClock(), control_transport)
+    """The proxy app; `span_exporter` replaces the OTLP exporter (and turns tracing on), and
+    `freeze_heap` (for the server's own process) moves what start-up built out of the garbage
+    collector's way."""
+    running = Running(settings, clock or SystemClock(), control_transport, freeze_heap)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:

@@ -20,7 +20,7 @@ def from_environment() -> Litestar:
     # A worker process started by the server (workers > 1, granian) has not inherited the
     # logging set-up of the process that ran `vkgate proxy`.
     configure_logging(settings.log_level, settings.log_format)
-    return create_app(settings)
+    return create_app(settings, freeze_heap=True)
 
 
 def serve(settings: ProxySettings) -> None:
