@@ -276,7 +276,8 @@ class LocalCounters:
         held = self._slots.get(slots.key)
         if held is None:
             return slots.limit > 0
-        if held.get(request_id, -math.inf) > now:
+        if len(held) < slots.limit or held.get(request_id, -math.inf) > now:
+            # Fewer held than the limit, lapsed ones included: no need to count the live ones.
             return True
         return sum(1 for deadline in held.values() if deadline > now) < slots.limit
 
