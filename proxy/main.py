@@ -7,6 +7,7 @@ import math
 from litestar import Litestar
 
 from proxy.app import create_app
+from proxy.http1 import OneWriteHttpToolsProtocol
 from proxy.settings import ProxySettings
 from vkgate import env as E
 from vkgate.logs import configure as configure_logging
@@ -53,7 +54,10 @@ def serve(settings: ProxySettings) -> None:
         port=settings.port,
         workers=settings.workers,
         loop="uvloop",
-        http="httptools",
+        # httptools, with each answer's head and body in one write (proxy/http1.py).
+        http=OneWriteHttpToolsProtocol,
+        # The proxy serves no WebSocket: an Upgrade header is ignored, not acted on.
+        ws="none",
         log_config=None,
         log_level=settings.log_level.lower(),
         access_log=False,

@@ -1,0 +1,94 @@
+"""The proxy's HTTP/1.1 protocol: an answer's head goes out with its body, and nothing waits
+past the event loop's next turn."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from proxy.http1 import _OneWrite
+from tests.proxy.conftest import RunningProxy
+
+
+class Recorder:
+    """A transport that records what reaches it."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed or self.aborted
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1234) if name == "peername" else None
+
+
+def one_write() -> tuple[_OneWrite, Recorder]:
+    recorder = Recorder()
+    return _OneWrite(recorder, asyncio.get_running_loop()), recorder  # type: ignore[arg-type]
+
+
+async def test_a_head_and_the_body_after_it_are_one_write() -> None:
+    transport, recorder = one_write()
+    transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    assert transport.get_write_buffer_size() > 0
+    transport.write(b"{}")
+    assert recorder.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+    await asyncio.sleep(0)  # the loop's next turn: nothing more is sent
+    assert len(recorder.writes) == 1
+
+
+async def test_a_lone_write_goes_out_at_the_loops_next_turn() -> None:
+    transport, recorder = one_write()
+    transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert recorder.writes == []
+    await asyncio.sleep(0)
+    assert recorder.writes == [b"HTTP/1.1 200 OK\r\n\r\n"]
+    transport.write(b"data: 1\n\n")  # a stream's later chunk waits no longer
+    await asyncio.sleep(0)
+    assert recorder.writes[-1] == b"data: 1\n\n"
+
+
+async def test_close_sends_what_is_held_and_abort_drops_it() -> None:
+    transport, recorder = one_write()
+    transport.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    transport.close()
+    assert recorder.writes == [b"HTTP/1.1 400 Bad Request\r\n\r\n"] and recorder.closed
+    transport, recorder = one_write()
+    transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    transport.abort()
+    await asyncio.sleep(0)
+    assert recorder.writes == [] and recorder.aborted
+
+
+async def test_the_rest_of_the_transport_is_the_real_ones() -> None:
+    transport, _ = one_write()
+    assert transport.get_extra_info("peername") == ("127.0.0.1", 1234)
+    assert not transport.is_closing()
+
+
+async def test_answers_over_one_connection_arrive_whole_and_in_order(
+    proxy: RunningProxy,
+) -> None:
+    # Keep-alive: each answer's held head must go out with its own body, never another's.
+    async with httpx.AsyncClient(base_url=proxy.url.removesuffix("/v1")) as http:
+        for _ in range(3):
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+            answer = await http.post("/v1/nope", json={})
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
