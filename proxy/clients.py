@@ -12,9 +12,8 @@ import ipaddress
 import logging
 import math
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from cachetools import TTLCache
 
@@ -215,6 +214,15 @@ class InvalidKeyThrottle:
         """When the last of `_blocked` ends: past it, nothing is throttled."""
 
     @property
+    def watching(self) -> bool:
+        """Whether any address presented an invalid key lately (its bucket is not full yet)."""
+        buckets = self._buckets
+        if not buckets:
+            return False
+        buckets.expire()  # one comparison when none is due
+        return bool(buckets)
+
+    @property
     def throttling(self) -> bool:
         """Whether any address may be throttled: when not, callers need not name the client."""
         if not self._blocked:
@@ -241,23 +249,55 @@ class InvalidKeyThrottle:
             return None
         return wait
 
-    def failed(self, address: str) -> float | None:
-        """Record one invalid key from `address`; seconds it must wait when now throttled."""
+    def take(self, address: str) -> bool:
+        """Before a key from `address` is looked up: when the address presented invalid keys
+        lately, take one of its tokens now, so however many of its requests miss the cache at
+        once, no more lookups run than it has tokens. True when one was taken (`give_back` it
+        if the key was valid; `failed(…, taken=True)` if not). False when the address has no
+        recent invalid key (nothing to take: its whole allowance is there), or no token left:
+        then it is throttled, and `retry_after` says for how long."""
+        now = self._now()
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            return False
+        self._refill(bucket, now)
+        if bucket.tokens < 1.0:
+            self._throttle(address, bucket, now)
+            return False
+        bucket.tokens -= 1.0
+        return True
+
+    def give_back(self, address: str) -> None:
+        """The key a token was taken for was valid: the token is the address's again."""
+        bucket = self._buckets.get(address)
+        if bucket is not None:
+            bucket.tokens = min(self.capacity, bucket.tokens + 1.0)
+
+    def failed(self, address: str, *, taken: bool = False) -> float | None:
+        """Record one invalid key from `address` (`taken`: its token was taken before the
+        lookup); seconds it must wait when now throttled."""
         now = self._now()
         bucket = self._buckets.get(address)
         if bucket is None:
             bucket = _Bucket(self.capacity, now)
         else:
-            bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self._rate)
-            bucket.at = now
-            if bucket.tokens >= self.capacity:
-                bucket.logged = False
-        # Not below empty: an address that keeps failing while throttled waits one refill from
-        # its latest failure, and still gets the refill rate's trickle through, no more.
-        bucket.tokens = max(bucket.tokens - 1.0, 0.0)
+            self._refill(bucket, now)
+        if not taken:
+            # Not below empty: an address that keeps failing while throttled waits one refill
+            # from its latest failure, and still gets the refill rate's trickle through.
+            bucket.tokens = max(bucket.tokens - 1.0, 0.0)
         self._buckets[address] = bucket  # setting it again restarts its TTL
         if bucket.tokens >= 1.0:
             return None
+        return self._throttle(address, bucket, now)
+
+    def _refill(self, bucket: _Bucket, now: float) -> None:
+        bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self._rate)
+        bucket.at = now
+        if bucket.tokens >= self.capacity:
+            bucket.logged = False
+
+    def _throttle(self, address: str, bucket: _Bucket, now: float) -> float:
         wait = (1.0 - bucket.tokens) / self._rate
         self._block(address, now + wait, now)
         if not bucket.logged:
@@ -313,14 +353,48 @@ class KeyGuard:
         if wait is not None:
             raise throttled(wait)
 
-    def admission(self, scope: Scope) -> Callable[[], None] | None:
-        """`check` for this request, to run just before its key is looked up on the control
-        plane (`AuthCache.authenticate(key, admit)`); None while nothing is throttled."""
-        if not self._throttle.throttling:
+    def admission(self, scope: Scope) -> Admission | None:
+        """What runs just before this request's key is looked up on the control plane
+        (`AuthCache.authenticate(key, admit)`); None while no address presented an invalid
+        key lately, so a request names its client only when that may matter."""
+        if not self._throttle.watching:
             return None
-        return partial(self.check, scope)
+        return Admission(self, scope)
 
-    def failed(self, scope: Scope) -> float | None:
+    def failed(self, scope: Scope, admission: Admission | None = None) -> float | None:
         """Count an `invalid_api_key` refusal against the request's client; seconds it must
         wait when that throttles it (this request has its answer already: the 401)."""
+        if admission is not None and admission.taken:
+            return self._throttle.failed(admission.address, taken=True)
         return self._throttle.failed(self.address(scope))
+
+    def release(self, admission: Admission | None) -> None:
+        """The lookup did not find the key invalid (it was valid, or the control plane could
+        not say): a token it took is given back."""
+        if admission is not None and admission.taken:
+            admission.taken = False
+            self._throttle.give_back(admission.address)
+
+
+class Admission:
+    """One request's pass to the control plane: refused while its client is throttled, and
+    holding one of the client's tokens while the lookup runs (see `InvalidKeyThrottle.take`)."""
+
+    __slots__ = ("_guard", "_scope", "address", "taken")
+
+    def __init__(self, guard: KeyGuard, scope: Scope) -> None:
+        self._guard = guard
+        self._scope = scope
+        self.address = ""
+        self.taken = False
+
+    def __call__(self) -> None:
+        throttle = self._guard._throttle
+        self.address = self._guard.address(self._scope)
+        wait = throttle.retry_after(self.address)
+        if wait is None:
+            self.taken = throttle.take(self.address)
+            if not self.taken:
+                wait = throttle.retry_after(self.address)
+        if wait is not None:
+            raise throttled(wait)

@@ -265,14 +265,20 @@ class Gateway:
         if not head.key.startswith(VIRTUAL_KEY_PREFIX):
             # Refused here: a stray bearer token costs no control-plane round trip.
             raise ProxyError(ErrorCode.INVALID_API_KEY, "invalid virtual key")
+        # A throttled client address is refused only where a lookup would reach the control
+        # plane: cached keys keep working behind a shared address.
+        admission = self._keys.admission(scope)
+        invalid = False
         try:
-            # A throttled client address is refused only where a lookup would reach the
-            # control plane: cached keys keep working behind a shared address.
-            return await self._cache.authenticate(head.key, self._keys.admission(scope))
+            return await self._cache.authenticate(head.key, admission)
         except ProxyError as exc:
             if exc.code is ErrorCode.INVALID_API_KEY:
-                self._keys.failed(scope)
+                invalid = True
+                self._keys.failed(scope, admission)
             raise
+        finally:
+            if not invalid:
+                self._keys.release(admission)
 
     def _ticket(self, route: Route, head: Head) -> records.Ticket:
         """Spend admission: the request's admit record, or a refusal when none can be written."""

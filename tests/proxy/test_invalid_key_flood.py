@@ -297,6 +297,69 @@ def test_per_minute_must_be_positive(clock: ManualClock) -> None:
         InvalidKeyThrottle(0, clock)
 
 
+def test_a_lookup_takes_its_token_before_it_is_made_once_an_address_has_failed(
+    clock: ManualClock,
+) -> None:
+    throttle = InvalidKeyThrottle(PER_MINUTE, clock)
+    address = "198.51.100.7"
+    assert not throttle.take(address)  # no invalid key yet: nothing to take, nothing refused
+    for _ in range(PER_MINUTE - 3):
+        throttle.failed(address)
+    # Three tokens left: three lookups may run at once, the fourth waits for a refill.
+    assert [throttle.take(address) for _ in range(4)] == [True, True, True, False]
+    wait = throttle.retry_after(address)
+    assert wait is not None and wait > 0
+    # Two of the three lookups found invalid keys: counted by the tokens they took, not again.
+    assert throttle.failed(address, taken=True) is not None
+    assert throttle.failed(address, taken=True) is not None
+    assert not throttle.take(address)
+    # The third key was valid: its token is the address's again.
+    throttle.give_back(address)
+    assert throttle.take(address)
+
+
+def test_concurrent_lookups_from_a_failing_client_are_bounded_by_its_tokens(
+    clock: ManualClock,
+) -> None:
+    guard = KeyGuard(InvalidKeyThrottle(PER_MINUTE, clock))
+    flooder = scope("198.51.100.7")
+    for _ in range(PER_MINUTE - 2):
+        guard.failed(flooder)
+    passes = [guard.admission(flooder) for _ in range(16)]
+    admitted, refused = [], []
+    for admission in passes:
+        assert admission is not None
+        try:
+            admission()  # all 16 reach this point before any lookup has answered
+            admitted.append(admission)
+        except ProxyError as exc:
+            assert exc.code is ErrorCode.RATE_LIMITED
+            refused.append(admission)
+    assert len(admitted) == 2 and len(refused) == 14
+    # Both were invalid: counted once each (their tokens), and the client waits a refill.
+    assert [guard.failed(flooder, a) for a in admitted][-1] is not None
+
+
+def test_a_valid_key_gives_its_lookups_token_back(clock: ManualClock) -> None:
+    guard = KeyGuard(InvalidKeyThrottle(PER_MINUTE, clock))
+    client = scope("198.51.100.7")
+    for _ in range(PER_MINUTE - 1):
+        guard.failed(client)
+    for _ in range(5):  # one token, taken and given back by each valid key in turn
+        admission = guard.admission(client)
+        assert admission is not None
+        admission()
+        guard.release(admission)
+    guard.release(admission)  # releasing twice gives back nothing more
+    admission = guard.admission(client)
+    assert admission is not None
+    admission()
+    with pytest.raises(ProxyError):
+        second = guard.admission(client)
+        assert second is not None
+        second()
+
+
 # -- the gateway's guard ------------------------------------------------------------------
 
 
@@ -613,6 +676,33 @@ async def test_a_flood_of_invalid_keys_reaches_the_control_plane_at_the_throttle
     assert resolve_calls(tap) <= FLOOD_PER_MINUTE + elapsed * FLOOD_PER_MINUTE / 60
     assert statuses[:FLOOD_PER_MINUTE] == [401] * FLOOD_PER_MINUTE
     assert statuses.count(429) >= FLOOD - FLOOD_PER_MINUTE - elapsed * FLOOD_PER_MINUTE / 60
+
+
+async def test_a_concurrent_flood_reaches_the_control_plane_no_faster(
+    flood_proxy: RunningProxy, tap: TappedTransport, clock: ManualClock
+) -> None:
+    # Sixteen connections at once: when the address's block ends, its requests all miss the
+    # cache together, yet only as many lookups run as it has tokens.
+    async def flood(n: int) -> list[int]:
+        keys = iter(random_keys(n))
+
+        async def client(http: httpx.AsyncClient) -> list[int]:
+            return [(await http.get("/v1/models", headers=bearer(k))).status_code for k in keys]
+
+        async with flood_proxy.http() as http:
+            batches = await asyncio.gather(*(client(http) for _ in range(16)))
+        return [status for batch in batches for status in batch]
+
+    statuses = await flood(FLOOD)
+    assert set(statuses) == {401, 429}
+    # The burst: its allowance, and at most the requests already on their way to the control
+    # plane when the first answers came back (before then nothing marked the address).
+    burst = resolve_calls(tap)
+    assert FLOOD_PER_MINUTE <= burst <= FLOOD_PER_MINUTE + 15
+    for _ in range(3):
+        clock.elapse(60 / FLOOD_PER_MINUTE)  # one token's refill
+        assert set(await flood(100)) == {401, 429}
+    assert resolve_calls(tap) == burst + 3
 
 
 async def test_behind_a_trusted_proxy_only_the_flooding_client_is_throttled(
