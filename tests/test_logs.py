@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,22 +60,31 @@ class Stream(io.StringIO):
         return [json.loads(line)["event"] for line in self.getvalue().splitlines()]
 
 
-@pytest.fixture
-def lines() -> Iterator[tuple[Stream, logging.Logger, logging.Logger]]:
-    """A handler batching `t.requests` (an hour between timed flushes: only the other rules
-    flush), and a logger of each kind writing to it."""
+@contextmanager
+def handled(*names: str, batched: str, interval_s: float = 3600) -> Iterator[Stream]:
+    """Loggers `names` at INFO, written by a handler that batches `batched` (an hour between
+    timed flushes unless `interval_s` says otherwise)."""
     stream = Stream()
-    handler = BufferedLines(stream, frozenset({"t.requests"}), interval_s=3600)
+    handler = BufferedLines(stream, frozenset({batched}), interval_s=interval_s)
     handler.setFormatter(JsonFormatter())
-    loggers = logging.getLogger("t.requests"), logging.getLogger("t.other")
+    loggers = [logging.getLogger(name) for name in names]
     for logger in loggers:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
-    yield stream, *loggers
-    for logger in loggers:
-        logger.removeHandler(handler)
-    handler.close()
+    try:
+        yield stream
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        handler.close()
+
+
+@pytest.fixture
+def lines() -> Iterator[tuple[Stream, logging.Logger, logging.Logger]]:
+    """A handler batching `t.requests`, and a logger of each kind writing to it."""
+    with handled("t.requests", "t.other", batched="t.requests") as stream:
+        yield stream, logging.getLogger("t.requests"), logging.getLogger("t.other")
 
 
 def test_request_lines_wait_for_the_next_other_line_and_keep_their_order(
@@ -111,35 +121,15 @@ def test_request_lines_go_out_once_enough_bytes_wait(
 
 
 def test_close_writes_what_waits() -> None:
-    stream = Stream()
-    handler = BufferedLines(stream, frozenset({"t.closing"}), interval_s=3600)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("t.closing")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        event(logger, "request_completed", status=200)
+    with handled("t.closing", batched="t.closing") as stream:
+        event(logging.getLogger("t.closing"), "request_completed", status=200)
         assert stream.getvalue() == ""
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
     assert stream.events() == ["request_completed"]
 
 
 def test_the_timer_writes_request_lines_without_any_other_line() -> None:
-    stream = Stream()
-    handler = BufferedLines(stream, frozenset({"t.timed"}), interval_s=0.01)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("t.timed")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        event(logger, "request_completed", status=200)
+    with handled("t.timed", batched="t.timed", interval_s=0.01) as stream:
+        event(logging.getLogger("t.timed"), "request_completed", status=200)
         # Nothing else is logged: only the handler's own timer can write the line.
         assert stream.written.wait(10)
         assert stream.events() == ["request_completed"]
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
