@@ -368,6 +368,19 @@ class KeyGuard:
             return self._throttle.failed(admission.address, taken=True)
         return self._throttle.failed(self.address(scope))
 
+    def before_lookup(self, admission: Admission) -> None:
+        """Refuse a throttled client, or take one of its tokens for the lookup (see
+        `InvalidKeyThrottle.take`)."""
+        throttle = self._throttle
+        address = admission.address = self.address(admission.scope)
+        wait = throttle.retry_after(address)
+        if wait is None:
+            admission.taken = throttle.take(address)
+            if not admission.taken:
+                wait = throttle.retry_after(address)
+        if wait is not None:
+            raise throttled(wait)
+
     def release(self, admission: Admission | None) -> None:
         """The lookup did not find the key invalid (it was valid, or the control plane could
         not say): a token it took is given back."""
@@ -378,23 +391,15 @@ class KeyGuard:
 
 class Admission:
     """One request's pass to the control plane: refused while its client is throttled, and
-    holding one of the client's tokens while the lookup runs (see `InvalidKeyThrottle.take`)."""
+    holding one of the client's tokens while the lookup runs (`KeyGuard.before_lookup`)."""
 
-    __slots__ = ("_guard", "_scope", "address", "taken")
+    __slots__ = ("_guard", "address", "scope", "taken")
 
     def __init__(self, guard: KeyGuard, scope: Scope) -> None:
         self._guard = guard
-        self._scope = scope
+        self.scope = scope
         self.address = ""
         self.taken = False
 
     def __call__(self) -> None:
-        throttle = self._guard._throttle
-        self.address = self._guard.address(self._scope)
-        wait = throttle.retry_after(self.address)
-        if wait is None:
-            self.taken = throttle.take(self.address)
-            if not self.taken:
-                wait = throttle.retry_after(self.address)
-        if wait is not None:
-            raise throttled(wait)
+        self._guard.before_lookup(self)

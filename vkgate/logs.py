@@ -182,8 +182,8 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
     DEBUG lines wait until `FLUSH_BYTES` are waiting, `interval_s` has passed, or any other
     line is written (which goes at once, after them, so the order holds).
 
-    A `write` per request line cost more than the rest of the line under load (a system call
-    each, tens of µs of CPU on a busy machine). Every other line is written at once, so a
+    A `write` per request line was one of the six system calls a served request made (strace:
+    five with this handler, bench/README.md). Every other line is written at once, so a
     process killed by a signal (uvicorn ends by raising SIGTERM again, past `atexit`) loses no
     line about its stop; at most `interval_s` of request lines go with a SIGKILL.
     """
