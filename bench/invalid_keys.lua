@@ -3,6 +3,8 @@
 -- of the real format, 43 URL-safe characters, on every request). BENCH_MODEL: model.
 -- Prints at the end: RESULT rps p50_ms p99_ms requests non2xx errors
 -- and: STATUS s200 s401 s429 other
+local report = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "result.lua")
+
 local mode = os.getenv("BENCH_KEY_MODE") or "fixed"
 local key = os.getenv("BENCH_KEY") or ""
 local model = os.getenv("BENCH_MODEL") or "gpt-4o-mini"
@@ -42,11 +44,7 @@ function response(status, headers, response_body)
 end
 
 function done(summary, latency, requests)
-  local seconds = summary.duration / 1e6
-  local e = summary.errors
-  io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
-    summary.requests / seconds, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.requests, e.status, e.connect + e.read + e.write + e.timeout))
+  report(summary, latency)
   local t200, t401, t429, tother = 0, 0, 0, 0
   for _, thread in ipairs(threads) do
     t200 = t200 + thread:get("s200")

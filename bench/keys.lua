@@ -3,6 +3,8 @@
 -- BENCH_STOP_AFTER responses (use -t1: the count is per thread) it stops sending and creates
 -- BENCH_DONE_FILE, for the caller to interrupt wrk (which would wait out its -d otherwise).
 -- Prints one line at the end: RESULT rps p50_ms p99_ms requests non2xx errors
+local report = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "result.lua")
+
 local path = os.getenv("BENCH_KEYS_FILE")
 local stop_after = tonumber(os.getenv("BENCH_STOP_AFTER") or "0")
 local done_file = os.getenv("BENCH_DONE_FILE")
@@ -33,9 +35,5 @@ function response(status, response_headers, response_body)
 end
 
 function done(summary, latency, requests)
-  local seconds = summary.duration / 1e6
-  local e = summary.errors
-  io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
-    summary.requests / seconds, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.requests, e.status, e.connect + e.read + e.write + e.timeout))
+  report(summary, latency)
 end

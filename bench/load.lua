@@ -2,6 +2,8 @@
 -- BENCH_KEY: bearer token (omitted when empty); BENCH_MODEL: model (default gpt-4o-mini);
 -- BENCH_STREAM=1: a streaming request that asks for usage.
 -- Prints one line at the end: RESULT rps p50_ms p99_ms requests non2xx errors
+local report = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "result.lua")
+
 local key = os.getenv("BENCH_KEY") or ""
 local model = os.getenv("BENCH_MODEL") or "gpt-4o-mini"
 local stream = os.getenv("BENCH_STREAM") == "1"
@@ -15,9 +17,5 @@ if stream then body = body .. ',"stream":true,"stream_options":{"include_usage":
 wrk.body = body .. "}"
 
 function done(summary, latency, requests)
-  local seconds = summary.duration / 1e6
-  local e = summary.errors
-  io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
-    summary.requests / seconds, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.requests, e.status, e.connect + e.read + e.write + e.timeout))
+  report(summary, latency)
 end

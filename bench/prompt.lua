@@ -2,6 +2,8 @@
 -- BENCH_PROMPT_BYTES bytes of filler text (no real prompt). BENCH_KEY: bearer token (omitted
 -- when empty); BENCH_MODEL: model (default gpt-4o-mini).
 -- Prints one line at the end: RESULT rps p50_ms p99_ms requests non2xx errors
+local report = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "result.lua")
+
 local key = os.getenv("BENCH_KEY") or ""
 local model = os.getenv("BENCH_MODEL") or "gpt-4o-mini"
 local size = tonumber(os.getenv("BENCH_PROMPT_BYTES") or "1024")
@@ -14,9 +16,5 @@ wrk.body = '{"model":"' .. model .. '","messages":[{"role":"user","content":"' .
   .. '"}],"max_tokens":64}'
 
 function done(summary, latency, requests)
-  local seconds = summary.duration / 1e6
-  local e = summary.errors
-  io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
-    summary.requests / seconds, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.requests, e.status, e.connect + e.read + e.write + e.timeout))
+  report(summary, latency)
 end
