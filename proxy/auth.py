@@ -165,7 +165,8 @@ class AuthCache:
 
         `admit` runs just before a key this cache does not hold is looked up on the control
         plane, and may raise to refuse the request instead (the gateway's invalid-key
-        throttle); a cached key never waits on it.
+        throttle). A cached key never waits on it, nor does a request that joins a lookup of
+        its key already on its way: that costs the control plane nothing more.
         """
         digest = key_sha256(presented_key)
         entry = self._entries.get(digest)
@@ -175,7 +176,9 @@ class AuthCache:
                 self.negative_hits += 1
                 raise ProxyError(ErrorCode.INVALID_API_KEY, message)
             if admit is not None:
-                admit()
+                running = self._loading.get(digest)
+                if running is None or running.done():
+                    admit()
             self.misses += 1
             entry = await self._load(digest)
             return entry.runtime

@@ -265,6 +265,8 @@ class InvalidKeyThrottle:
             self._throttle(address, bucket, now)
             return False
         bucket.tokens -= 1.0
+        # Kept until the lookup's outcome is known (a bucket left alone until full is dropped).
+        self._buckets[address] = bucket
         return True
 
     def give_back(self, address: str) -> None:
@@ -279,7 +281,8 @@ class InvalidKeyThrottle:
         now = self._now()
         bucket = self._buckets.get(address)
         if bucket is None:
-            bucket = _Bucket(self.capacity, now)
+            # A bucket dropped meanwhile (memory bound) took no token that still counts.
+            bucket, taken = _Bucket(self.capacity, now), False
         else:
             self._refill(bucket, now)
         if not taken:
@@ -345,14 +348,6 @@ class KeyGuard:
         """The throttle's name for the request's client (an IPv6 client's /64)."""
         return throttle_key(_client(scope, self._trusted))
 
-    def check(self, scope: Scope) -> None:
-        """Refuse (429 `rate_limited`, with `Retry-After`) a client that is throttled."""
-        if not self._throttle.throttling:
-            return
-        wait = self._throttle.retry_after(self.address(scope))
-        if wait is not None:
-            raise throttled(wait)
-
     def admission(self, scope: Scope) -> Admission | None:
         """What runs just before this request's key is looked up on the control plane
         (`AuthCache.authenticate(key, admit)`); None while no address presented an invalid
@@ -364,8 +359,8 @@ class KeyGuard:
     def failed(self, scope: Scope, admission: Admission | None = None) -> float | None:
         """Count an `invalid_api_key` refusal against the request's client; seconds it must
         wait when that throttles it (this request has its answer already: the 401)."""
-        if admission is not None and admission.taken:
-            return self._throttle.failed(admission.address, taken=True)
+        if admission is not None and admission.address:
+            return self._throttle.failed(admission.address, taken=admission.taken)
         return self._throttle.failed(self.address(scope))
 
     def before_lookup(self, admission: Admission) -> None:

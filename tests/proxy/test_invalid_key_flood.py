@@ -363,10 +363,19 @@ def test_a_valid_key_gives_its_lookups_token_back(clock: ManualClock) -> None:
 # -- the gateway's guard ------------------------------------------------------------------
 
 
+def look_up(guard: KeyGuard, client: Scope) -> None:
+    """What the gateway runs before a lookup of this client's key reaches the control plane
+    (a valid key's: a token taken is given back); raises the throttle's 429."""
+    admission = guard.admission(client)
+    if admission is not None:
+        admission()
+        guard.release(admission)
+
+
 def test_the_guard_names_no_client_while_nothing_is_throttled(clock: ManualClock) -> None:
     guard = KeyGuard(InvalidKeyThrottle(PER_MINUTE, clock), nets("10.0.0.0/8"))
     empty: Scope = {}  # naming the client would fail: there is nothing to name it from
-    guard.check(empty)
+    look_up(guard, empty)
     assert guard.admission(empty) is None
 
 
@@ -378,14 +387,14 @@ def test_the_guard_refuses_a_throttled_client_with_429_and_retry_after(
     waits = [guard.failed(flooder) for _ in range(PER_MINUTE)]
     assert waits[-1] is not None and all(w is None for w in waits[:-1])
     with pytest.raises(ProxyError) as raised:
-        guard.check(flooder)
+        look_up(guard, flooder)
     error = raised.value
     assert error.code is ErrorCode.RATE_LIMITED
     assert error.status == 429
     assert error.headers == ((b"retry-after", b"1"),)
-    guard.check(scope("198.51.100.8"))  # another client is served
+    look_up(guard, scope("198.51.100.8"))  # another client is served
     clock.elapse(1.01)
-    guard.check(flooder)
+    look_up(guard, flooder)
 
 
 def test_retry_after_is_whole_seconds_rounded_up(clock: ManualClock) -> None:
@@ -394,7 +403,7 @@ def test_retry_after_is_whole_seconds_rounded_up(clock: ManualClock) -> None:
     for _ in range(7):
         guard.failed(flooder)
     with pytest.raises(ProxyError) as raised:
-        guard.check(flooder)
+        look_up(guard, flooder)
     assert raised.value.headers == ((b"retry-after", b"9"),)
 
 
@@ -420,8 +429,8 @@ def test_an_ipv6_flood_cannot_escape_by_changing_address_within_its_slash_64(
     for n in range(PER_MINUTE):
         guard.failed(scope(f"2001:db8:1:2::{n + 1:x}"))
     with pytest.raises(ProxyError):
-        guard.check(scope("2001:db8:1:2:ffff::1"))
-    guard.check(scope("2001:db8:1:3::1"))
+        look_up(guard, scope("2001:db8:1:2:ffff::1"))
+    look_up(guard, scope("2001:db8:1:3::1"))
 
 
 # -- the auth cache's memory of unknown keys ----------------------------------------------
@@ -703,6 +712,24 @@ async def test_a_concurrent_flood_reaches_the_control_plane_no_faster(
         clock.elapse(60 / FLOOD_PER_MINUTE)  # one token's refill
         assert set(await flood(100)) == {401, 429}
     assert resolve_calls(tap) == burst + 3
+
+
+async def test_requests_that_join_a_lookup_take_no_token(
+    tenant: Tenant, flood_proxy: RunningProxy, tap: TappedTransport
+) -> None:
+    # One mistyped key from a shared address, then a burst of a valid key nobody has used
+    # yet: one lookup serves the whole burst, and only that lookup may cost a token.
+    async with flood_proxy.http() as http:
+        typo = await http.get("/v1/models", headers=bearer("vk-mistyped", "198.51.100.7"))
+        assert typo.status_code == 401
+        burst = await asyncio.gather(
+            *(
+                http.get("/v1/models", headers=bearer(tenant.key, "198.51.100.7"))
+                for _ in range(5 * FLOOD_PER_MINUTE)
+            )
+        )
+    assert [answer.status_code for answer in burst] == [200] * (5 * FLOOD_PER_MINUTE)
+    assert resolve_calls(tap) == 2
 
 
 async def test_behind_a_trusted_proxy_only_the_flooding_client_is_throttled(
