@@ -7,6 +7,7 @@ import ast
 import io
 import json
 import logging
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,10 +50,13 @@ class Stream(io.StringIO):
     def __init__(self) -> None:
         super().__init__()
         self.writes = 0
+        self.largest = 0
+        """The most bytes one write carried."""
         self.written = threading.Event()
 
     def write(self, text: str) -> int:
         self.writes += 1
+        self.largest = max(self.largest, len(text.encode()))
         self.written.set()
         return super().write(text)
 
@@ -118,6 +122,8 @@ def test_request_lines_go_out_once_enough_bytes_wait(
         written += 1
     assert len(stream.getvalue().splitlines()) == written
     assert len(stream.getvalue()) >= FLUSH_BYTES
+    # In pieces a pipe keeps whole, each of whole lines.
+    assert stream.writes > 1 and stream.largest <= select.PIPE_BUF
 
 
 def test_close_writes_what_waits() -> None:

@@ -13,9 +13,13 @@ import hashlib
 import hmac
 import logging
 import os
+import select
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -185,7 +189,9 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
     A `write` per request line was one of the six system calls a served request made (strace:
     five with this handler, bench/README.md). Every other line is written at once, so a
     process killed by a signal (uvicorn ends by raising SIGTERM again, past `atexit`) loses no
-    line about its stop; at most `interval_s` of request lines go with a SIGKILL.
+    line about its stop; at most `interval_s` of request lines go with a SIGKILL. A batch
+    goes out in writes of at most `select.PIPE_BUF` bytes, which a pipe never interleaves with
+    another process's: workers sharing one stderr do not tear each other's lines.
     """
 
     def __init__(
@@ -197,8 +203,9 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
         self._size = 0
         self._stop = threading.Event()
         self._interval = interval_s
-        self._flusher_pid = 0
-        """The process whose flusher thread runs: a forked worker starts its own."""
+        self._flushing = False
+        """The flusher thread runs (in this process: a forked child starts its own)."""
+        os.register_at_fork(after_in_child=partial(_forked, weakref.ref(self)))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -215,23 +222,34 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
             or self._size >= FLUSH_BYTES
         ):
             self.flush()
-        elif self._flusher_pid != os.getpid():
-            self._flusher_pid = os.getpid()
-            threading.Thread(
-                target=self._flush_periodically, name="vkgate-log-flush", daemon=True
-            ).start()
+        elif not self._flushing:
+            self._flushing = True
+            try:
+                threading.Thread(
+                    target=self._flush_periodically, name="vkgate-log-flush", daemon=True
+                ).start()
+            except RuntimeError:  # the interpreter is shutting down: write at once
+                self._flushing = False
+                self.flush()
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]
             if self._pending:
                 lines, self._pending, self._size = self._pending, [], 0
                 try:
-                    self.stream.write("".join(lines))
+                    for chunk in _chunks(lines):
+                        self.stream.write(chunk)
+                        super().flush()
                 except Exception:
                     # As `logging` does for a line it cannot write: said on stderr, never raised.
                     with contextlib.suppress(Exception):
                         sys.stderr.write(f"vkgate: {len(lines)} log lines were lost\n")
-            super().flush()
+            else:
+                super().flush()
+
+    def _forked(self) -> None:
+        # The parent writes what was waiting; this process starts its own flusher.
+        self._pending, self._size, self._flushing = [], 0, False
 
     def close(self) -> None:
         self._stop.set()
@@ -242,7 +260,31 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
 
     def _flush_periodically(self) -> None:
         while not self._stop.wait(self._interval):
-            self.flush()
+            if self._pending:
+                self.flush()
+
+
+def _forked(handler: weakref.ref[BufferedLines]) -> None:
+    alive = handler()
+    if alive is not None:
+        alive._forked()
+
+
+def _chunks(lines: list[str]) -> Iterator[str]:
+    """The lines joined into writes of at most `select.PIPE_BUF` bytes (a longer line alone):
+    a write that size to a pipe is never interleaved with another process's, so workers
+    sharing one stderr cannot tear each other's lines."""
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        length = len(line.encode())
+        if chunk and size + length > select.PIPE_BUF:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += length
+    if chunk:
+        yield "".join(chunk)
 
 
 def configure(level: str, log_format: str = "json") -> None:
