@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -336,6 +337,9 @@ def create_app(
     )
 
 
+_SLASHES = re.compile("/{2,}")
+
+
 class ProxyApp(Litestar):
     """Litestar for the health routes and start-up; `/v1` goes straight to the gateway.
 
@@ -351,6 +355,8 @@ class ProxyApp(Litestar):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
+            if "//" in path:  # as a router would: `//v1//chat/completions` is that route
+                path = _SLASHES.sub("/", path)
             if path.startswith("/v1") and (len(path) == 3 or path[3] == "/"):
                 gateway = self._running.gateway
                 if gateway is not None:  # the server sends requests only after start-up

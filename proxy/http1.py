@@ -14,6 +14,7 @@ before, 396-425 µs after).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -36,7 +37,11 @@ class _OneWrite:
             self._loop.call_soon(self._flush)
             return
         self._held = None
-        self._transport.write(held + data)
+        # Both buffers in one system call (writev), the body not copied.
+        self._transport.writelines((held, data))
+
+    def writelines(self, data: Iterable[bytes]) -> None:
+        self.write(b"".join(data))
 
     def _flush(self) -> None:
         held, self._held = self._held, None
@@ -69,3 +74,8 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _OneWrite(transport, self.loop)  # type: ignore[assignment]
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # The proxy serves no WebSocket (`ws="none"`): an Upgrade header is answered as plain
+        # HTTP, and is no reason for two warnings (any client could send one per request).
+        pass

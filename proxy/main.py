@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from litestar import Litestar
 
@@ -13,6 +14,18 @@ from vkgate import env as E
 from vkgate.logs import configure as configure_logging
 
 FACTORY = "proxy.main:from_environment"
+HTTP_OPTIONS: dict[str, Any] = {
+    # httptools, with each answer's head and body in one write (proxy/http1.py).
+    "http": OneWriteHttpToolsProtocol,
+    # The proxy serves no WebSocket: an Upgrade header is answered as plain HTTP.
+    "ws": "none",
+    # The gateway reads X-Forwarded-For itself, from VKGATE_TRUSTED_PROXY_CIDRS only; the
+    # server's own rewrite (which trusts 127.0.0.1) would also cost every request.
+    "proxy_headers": False,
+    # One header less on every answer, and no advertising of the server in front.
+    "server_header": False,
+}
+"""How uvicorn serves the proxy's HTTP, in `vkgate proxy` and in the tests alike."""
 
 
 def from_environment() -> Litestar:
@@ -54,18 +67,10 @@ def serve(settings: ProxySettings) -> None:
         port=settings.port,
         workers=settings.workers,
         loop="uvloop",
-        # httptools, with each answer's head and body in one write (proxy/http1.py).
-        http=OneWriteHttpToolsProtocol,
-        # The proxy serves no WebSocket: an Upgrade header is ignored, not acted on.
-        ws="none",
         log_config=None,
         log_level=settings.log_level.lower(),
         access_log=False,
-        # The gateway reads X-Forwarded-For itself, from VKGATE_TRUSTED_PROXY_CIDRS only; the
-        # server's own rewrite (which trusts 127.0.0.1) would also cost every request.
-        proxy_headers=False,
-        # One header less on every answer, and no advertising of the server in front.
-        server_header=False,
         lifespan="on",
+        **HTTP_OPTIONS,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )

@@ -19,7 +19,7 @@ import uvicorn
 from litestar import Litestar
 
 from proxy.app import create_app
-from proxy.http1 import OneWriteHttpToolsProtocol
+from proxy.main import HTTP_OPTIONS
 from proxy.settings import ProxySettings
 from proxy.telemetry.metrics import ProxyMetrics
 from tests.support.api import ANY, create
@@ -147,10 +147,7 @@ async def serve_proxy(
             lifespan="on",
             log_level="warning",
             access_log=False,
-            # As `vkgate proxy` serves it.
-            http=OneWriteHttpToolsProtocol,
-            ws="none",
-            proxy_headers=False,
+            **HTTP_OPTIONS,  # as `vkgate proxy` serves it
         )
     )
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

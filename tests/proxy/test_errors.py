@@ -285,6 +285,16 @@ async def test_only_v1_and_what_is_under_it_reach_the_gateway(
     assert ("no route /v1" in response.json()["error"]["message"]) == reached_the_gateway
 
 
+async def test_doubled_slashes_reach_the_route_they_name(
+    http: httpx.AsyncClient, tenant: Tenant
+) -> None:
+    origin = str(http.base_url.copy_with(raw_path=b"/")).rstrip("/")
+    response = await http.get(f"{origin}//v1//models", headers=bearer(tenant.key))
+    assert response.request.url.raw_path == b"//v1//models"
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == "list"
+
+
 async def test_wrong_method_is_405_naming_the_allowed_one(
     http: httpx.AsyncClient, tenant: Tenant
 ) -> None:

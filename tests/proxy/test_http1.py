@@ -23,6 +23,9 @@ class Recorder:
     def write(self, data: bytes) -> None:
         self.writes.append(data)
 
+    def writelines(self, data: tuple[bytes, ...]) -> None:
+        self.writes.append(b"".join(data))  # one system call (writev)
+
     def is_closing(self) -> bool:
         return self.closed or self.aborted
 
