@@ -105,11 +105,11 @@ log = logging.getLogger("vkgate.proxy.spend")
 GIB = 1024**3
 MIB = 1024**2
 DEFAULT_MAX_BYTES = GIB
-DEFAULT_SEGMENT_MAX_BYTES = 2 * MIB
-"""About 4,800 records. Ingestion costs the control plane about 25 ms a segment plus about 25 µs
-a record (bench/ledger_ingest.py): at 512 KiB, the fixed part was half of it under load. The
-control plane takes segments up to 128 MiB (`SPEND_SEGMENT_MAX_BYTES`), whatever its
-VKGATE_CONTROLPLANE_MAX_BODY_BYTES."""
+DEFAULT_SEGMENT_MAX_BYTES = 512 * 1024
+"""About 1,200 records. A shipped body is smaller than its segment, so it stays under the 1 MiB
+a reverse proxy in front of the control plane allows by default (nginx's
+`client_max_body_size`): a larger one would be refused there and set aside. The control plane
+itself takes segments up to 128 MiB (`SPEND_SEGMENT_MAX_BYTES`)."""
 MAX_HEADROOM_BYTES = 16 * MIB
 
 
