@@ -210,31 +210,20 @@ class InvalidKeyThrottle:
         )
         self._blocked: dict[str, float] = {}
         """Throttled addresses, each with when it may present a key again (monotonic)."""
-        self._horizon = 0.0
-        """When the last of `_blocked` ends: past it, nothing is throttled."""
 
     @property
     def watching(self) -> bool:
         """Whether any address presented an invalid key lately (its bucket is not full yet)."""
         buckets = self._buckets
-        if not buckets:
-            return False
-        buckets.expire()  # one comparison when none is due
-        return bool(buckets)
-
-    @property
-    def throttling(self) -> bool:
-        """Whether any address may be throttled: when not, callers need not name the client."""
-        if not self._blocked:
-            return False
-        if self._now() >= self._horizon:
+        if buckets:
+            buckets.expire()  # one comparison when none is due
+            if buckets:
+                return True
+        if self._blocked:
+            # A block ends before its bucket is forgotten (a refill at most, against a full
+            # one): with no bucket left, every block is over.
             self._blocked.clear()
-            return False
-        return True
-
-    def allow(self, address: str) -> bool:
-        """Whether `address` may present a key now (it records nothing)."""
-        return self.retry_after(address) is None
+        return False
 
     def retry_after(self, address: str) -> float | None:
         """Seconds until `address` may present a key again; None when it may now."""
@@ -317,7 +306,6 @@ class InvalidKeyThrottle:
             if len(blocked) >= self._max_addresses:
                 del blocked[next(iter(blocked))]  # the one blocked first
         blocked[address] = until
-        self._horizon = max(self._horizon, until)
 
 
 # -- the gateway's guard ------------------------------------------------------------------------

@@ -222,28 +222,26 @@ def test_an_address_may_fail_its_per_minute_at_once_then_is_throttled(
     clock: ManualClock,
 ) -> None:
     throttle = InvalidKeyThrottle(PER_MINUTE, clock)
-    assert not throttle.throttling
+    assert not throttle.watching
     waits = exhaust(throttle, "198.51.100.7", PER_MINUTE)
     assert waits[:-1] == [None] * (PER_MINUTE - 1)
     assert waits[-1] == pytest.approx(60 / PER_MINUTE, abs=0.05)
-    assert throttle.throttling
-    assert not throttle.allow("198.51.100.7")
+    assert throttle.watching
     assert throttle.retry_after("198.51.100.7") == pytest.approx(1.0, abs=0.05)
-    assert throttle.allow("198.51.100.8")  # another address is not affected
+    assert throttle.retry_after("198.51.100.8") is None  # another address is not affected
 
 
 def test_a_throttled_address_refills_at_the_per_minute_rate(clock: ManualClock) -> None:
     throttle = InvalidKeyThrottle(6, clock)  # one key every 10 s once the burst is spent
     exhaust(throttle, "a", 6)
-    assert not throttle.allow("a")
+    assert throttle.retry_after("a") is not None
     clock.elapse(9.5)
-    assert not throttle.allow("a")
+    assert throttle.retry_after("a") is not None
     clock.elapse(0.6)
-    assert throttle.allow("a")
-    assert not throttle.throttling
+    assert throttle.retry_after("a") is None
     # The refill lets one more key through, then it is throttled again.
     assert throttle.failed("a") == pytest.approx(10.0, abs=0.2)
-    assert not throttle.allow("a")
+    assert throttle.retry_after("a") is not None
     clock.elapse(60)
     assert exhaust(throttle, "a", 6)[:5] == [None] * 5  # full again: the whole burst
 
@@ -256,7 +254,7 @@ def test_failures_while_throttled_keep_it_throttled_without_digging_deeper(
     # However many more failures, one refill's wait from the latest one.
     assert throttle.retry_after("a") == pytest.approx(1.0, abs=0.05)
     clock.elapse(1.01)
-    assert throttle.allow("a")
+    assert throttle.retry_after("a") is None
 
 
 def test_a_throttle_episode_is_logged_once_with_the_address_only(
@@ -281,7 +279,7 @@ def test_the_throttle_remembers_a_bounded_number_of_addresses(clock: ManualClock
         throttle.failed(f"192.0.2.{n}")
     assert len(throttle._buckets) <= 3
     assert len(throttle._blocked) <= 3
-    assert not throttle.allow("192.0.2.9")
+    assert throttle.retry_after("192.0.2.9") is not None
 
 
 def test_a_bucket_left_alone_until_full_is_forgotten(clock: ManualClock) -> None:
@@ -290,6 +288,15 @@ def test_a_bucket_left_alone_until_full_is_forgotten(clock: ManualClock) -> None
     clock.elapse(61)
     throttle.failed("b")  # a write expires what has lapsed
     assert list(throttle._buckets) == ["b"]
+
+
+def test_blocks_are_forgotten_with_the_last_bucket(clock: ManualClock) -> None:
+    throttle = InvalidKeyThrottle(PER_MINUTE, clock)
+    exhaust(throttle, "a", PER_MINUTE + 5)
+    assert throttle.watching and throttle.retry_after("a") is not None
+    clock.elapse(61)  # refilled: the bucket is forgotten, and so is the block
+    assert not throttle.watching
+    assert throttle._blocked == {}
 
 
 def test_per_minute_must_be_positive(clock: ManualClock) -> None:
