@@ -101,11 +101,7 @@ def main() -> None:
     seconds = float(args.duration.rstrip("s"))
     runs = []
     with stack.stack(args.log_level) as services:
-        with services.admin() as admin:
-            org = stack.seed_organization(
-                admin, {"plain": services.upstream + "/v1"}, {"gpt-4o-mini": ["plain"]}
-            )
-            key = str(stack.create_key(admin, org)["key"])
+        key = services.key_to(services.upstream + "/v1")
         load = {**services.env, "BENCH_KEY": ""}
         direct = f"{services.upstream}/v1/chat/completions"
         stack.wrk(direct, args.concurrency, "1s", load)  # warm-up, not recorded

@@ -66,11 +66,7 @@ def main() -> None:
         )
     rows = []
     with stack.stack(args.log_level) as services:
-        with services.admin() as admin:
-            org = stack.seed_organization(
-                admin, {"read": services.upstream + "/read/v1"}, {"gpt-4o-mini": ["read"]}
-            )
-            key = str(stack.create_key(admin, org)["key"])
+        key = services.key_to(services.upstream + "/read/v1", "read")
         direct = f"{services.upstream}/read/v1/chat/completions"
         with services.proxy(extra) as proxy:
             url = f"{proxy.url}/v1/chat/completions"

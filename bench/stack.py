@@ -239,6 +239,12 @@ class Stack:
     def admin(self) -> Admin:
         return Admin(self.controlplane, self.token)
 
+    def key_to(self, base_url: str, provider: str = "plain") -> str:
+        """A new organization's key whose `MODEL` goes to the OpenAI-compatible `base_url`."""
+        with self.admin() as admin:
+            org = seed_organization(admin, {provider: base_url}, {MODEL: [provider]})
+            return str(create_key(admin, org)["key"])
+
     @contextmanager
     def proxy(self, extra: Mapping[str, str] | None = None, name: str = "proxy") -> Iterator[Proxy]:
         """A proxy of this stack; each gets a log of its own (`name`, made unique)."""

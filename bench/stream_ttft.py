@@ -248,9 +248,7 @@ def main() -> None:
         with stack.started(upstream_args, services.env, log) as upstream:
             base = f"http://127.0.0.1:{port}"
             stack.wait_ok(f"{base}/healthz", upstream)
-            with services.admin() as admin:
-                org = stack.seed_organization(admin, {"sse": f"{base}/v1"}, {MODEL: ["sse"]})
-                key = str(stack.create_key(admin, org)["key"])
+            key = services.key_to(f"{base}/v1", "sse")
             targets = [("upstream direct", f"{base}/v1/chat/completions", "")]
             with services.proxy(stack.proxy_env_args(args.proxy_env)) as proxy:
                 targets.append(("vkgate", f"{proxy.url}/v1/chat/completions", key))
