@@ -4,10 +4,15 @@ chDB is an embedded engine with process-wide state: every client of a process sh
 engine, which can be open on one directory at a time. Its clients are therefore serialised by a
 single process-wide lock, and opening a second directory is refused with a message naming
 VKGATE_LEDGER_URL instead of chDB's own.
+
+chDB itself is optional (the `embedded` extra): a production install talks to a ClickHouse
+server and leaves it out, so a `chdb://` ledger without it is refused by name before anything
+tries to load it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from typing import Any
 
@@ -29,11 +34,36 @@ class LedgerError(Exception):
         self.cause = cause
 
 
+EMBEDDED_EXTRA = "vkgate[embedded]"
+
+
+def require_engine(location: LedgerLocation) -> None:
+    """Refuse an embedded ledger when chDB is not installed, naming the setting and the fix."""
+    if location.kind != "chdb" or _chdb_installed():
+        return
+    raise LedgerError(
+        f"{location.display} is an embedded chDB ledger, but chDB is not installed: point "
+        "VKGATE_LEDGER_URL at a ClickHouse server (http(s)://host:8123/database), or "
+        f"install chDB with `pip install '{EMBEDDED_EXTRA}'` (without VKGATE_LEDGER_URL the "
+        "ledger is chdb://$VKGATE_HOME/ledger)",
+        cause="chdb_missing",
+    )
+
+
+def _chdb_installed() -> bool:
+    # find_spec, not import: loading chDB maps a large native library into the process.
+    try:
+        return importlib.util.find_spec("chdb") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
     """A client whose default database is the ledger's (created first when asked to)."""
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import Error
 
+    require_engine(location)
     try:
         if location.kind == "chdb":
             client = clickhouse_connect.get_client(

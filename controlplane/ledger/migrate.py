@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import migrations
-from controlplane.ledger.client import LedgerError, connect
+from controlplane.ledger.client import LedgerError, connect, require_engine
 from controlplane.settings import LedgerLocation
 
 DIRECTORY = Path(migrations.__file__).parent / "clickhouse"
@@ -109,6 +109,8 @@ def is_current(location: LedgerLocation, directory: Path = DIRECTORY) -> bool:
     """True when the ledger exists and every migration file has been applied."""
     from clickhouse_connect.driver.exceptions import Error
 
+    # Raised, not answered False: "run `vkgate migrate`" would not help without chDB.
+    require_engine(location)
     if location.kind == "chdb" and not (location.path and location.path.is_dir()):
         return False  # without opening chDB, which would create the directory
     try:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from controlplane.ledger import queries
-from controlplane.ledger.client import CHDB_LOCK, LedgerError, connect
+from controlplane.ledger.client import CHDB_LOCK, LedgerError, connect, require_engine
 from controlplane.ledger.rows import (
     ADMIT_COLUMNS,
     LEDGER_COLUMNS,
@@ -45,6 +45,9 @@ class Written:
 
 class Ledger:
     def __init__(self, location: LedgerLocation) -> None:
+        # At construction, so an app built on an embedded ledger without chDB fails at start-up
+        # rather than on its first readiness probe.
+        require_engine(location)
         self.location = location
         self._client: Any = None
         self._lock = CHDB_LOCK if location.kind == "chdb" else threading.Lock()

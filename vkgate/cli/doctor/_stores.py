@@ -116,6 +116,13 @@ def _database_where(url: URL) -> str:
 
 def check_ledger(location: LedgerLocation, *, controlplane_up: bool) -> Result:
     """Open the ledger and look for migrations not yet applied."""
+    from controlplane.ledger.client import LedgerError, require_engine
+
+    try:
+        require_engine(location)
+    except LedgerError as exc:
+        # No chDB to open or migrate it with: the message names both ways out.
+        return Result("ledger", Status.FAIL, str(exc))
     if location.kind == "chdb" and controlplane_up:
         # chDB is embedded: the running control plane holds its directory, and opening it
         # here as well could fail or disturb it.
