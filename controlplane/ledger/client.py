@@ -58,12 +58,25 @@ def _chdb_installed() -> bool:
         return False
 
 
-def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
-    """A client whose default database is the ledger's (created first when asked to)."""
+def connect(
+    location: LedgerLocation, *, create_database: bool = False, timeout_s: float | None = None
+) -> Any:
+    """A client whose default database is the ledger's (created first when asked to).
+
+    `timeout_s` bounds each connection attempt and answer of a server ledger, with no retries:
+    for checks that must not hold a start-up for minutes (the client's defaults allow 10 s to
+    connect, 300 s to answer, and two retries)."""
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import Error
 
     require_engine(location)
+    bounded: dict[str, Any] = {}
+    if timeout_s is not None:
+        bounded = {
+            "connect_timeout": timeout_s,
+            "send_receive_timeout": timeout_s,
+            "query_retries": 0,
+        }
     try:
         if location.kind == "chdb":
             client = clickhouse_connect.get_client(
@@ -79,6 +92,7 @@ def connect(location: LedgerLocation, *, create_database: bool = False) -> Any:
                 tz_mode="aware",
                 # The insert of a segment is one statement; one block keeps it all-or-nothing.
                 settings={"max_insert_block_size": 2_000_000},
+                **bounded,
             )
     except Error as exc:
         raise LedgerError(_opening_message(location, exc), cause=type(exc).__name__) from None

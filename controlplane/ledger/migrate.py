@@ -105,8 +105,11 @@ def upgrade(location: LedgerLocation, directory: Path = DIRECTORY) -> list[str]:
         client.close()
 
 
-def is_current(location: LedgerLocation, directory: Path = DIRECTORY) -> bool:
-    """True when the ledger exists and every migration file has been applied."""
+def is_current(
+    location: LedgerLocation, directory: Path = DIRECTORY, *, timeout_s: float | None = None
+) -> bool:
+    """True when the ledger exists and every migration file has been applied; LedgerError when
+    it cannot be reached or opened (within `timeout_s` per step, for a server ledger)."""
     from clickhouse_connect.driver.exceptions import Error
 
     # Raised, not answered False: "run `vkgate migrate`" would not help without chDB.
@@ -114,9 +117,12 @@ def is_current(location: LedgerLocation, directory: Path = DIRECTORY) -> bool:
     if location.kind == "chdb" and not (location.path and location.path.is_dir()):
         return False  # without opening chDB, which would create the directory
     try:
-        client = connect(location)
-    except LedgerError:
-        return False
+        client = connect(location, timeout_s=timeout_s)
+    except LedgerError as exc:
+        if exc.cause == "no_database":
+            return False
+        # Unreachable or refused: "run `vkgate migrate`" would be the wrong advice.
+        raise
     try:
         return not pending(client, directory)
     except Error as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import os
 import secrets
@@ -168,7 +169,7 @@ def up(demo: bool) -> None:
     import asyncio
 
     from controlplane.ledger.migrate import upgrade as upgrade_ledger
-    from controlplane.migrate import upgrade
+    from controlplane.migrate import migrating, upgrade
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
 
@@ -181,8 +182,9 @@ def up(demo: bool) -> None:
     proxy_settings = load_settings(ProxySettings.from_env, merged)
     configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
-        upgrade(settings.database_url)
-        upgrade_ledger(settings.ledger)
+        with migrating(settings.database_url):
+            upgrade(settings.database_url)
+            upgrade_ledger(settings.ledger)
         seeded = asyncio.run(_seed(settings, home)) if demo else None
     proxy = subprocess.Popen([sys.executable, "-m", "vkgate", "proxy"], env=merged)
     try:
@@ -279,25 +281,66 @@ def proxy() -> None:
 def controlplane(migrate: bool) -> None:
     """Serve the control plane (settings from VKGATE_* variables only)."""
     from controlplane.ledger import migrate as ledger
-    from controlplane.migrate import is_current, upgrade
+    from controlplane.migrate import is_current, migrating, upgrade
     from controlplane.settings import ControlPlaneSettings
 
     settings = load_settings(ControlPlaneSettings.from_env, E.environment())
     configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
         if migrate:
-            upgrade(settings.database_url)
-            ledger.upgrade(settings.ledger)
+            with migrating(settings.database_url):
+                upgrade(settings.database_url)
+                ledger.upgrade(settings.ledger)
         elif not is_current(settings.database_url):
             raise click.ClickException(
                 "the database is not at the newest schema; run `vkgate migrate` (or pass --migrate)"
             )
-        elif not ledger.is_current(settings.ledger):
+        elif not _ledger_current(settings):
             raise click.ClickException(
                 "the spend ledger (VKGATE_LEDGER_URL) is not at the newest schema; run "
                 "`vkgate migrate` (or pass --migrate)"
             )
+    _warn_of_split_ledger(settings)
     serve_controlplane(settings)
+
+
+LEDGER_CHECK_TIMEOUT_S = 5.0
+"""Per step of the start-up look at a ClickHouse ledger: a server that hangs must not hold the
+start-up past a platform's start-up probe."""
+
+
+def _ledger_current(settings: ControlPlaneSettings) -> bool:
+    """Whether the ledger is migrated. A ClickHouse server that cannot be reached (a network
+    failure or a timeout; not a refusal such as a wrong password) counts as current, with a
+    warning: cached keys keep resolving through a ledger outage, and the proxies keep their
+    spend in their spools until it is back."""
+    from controlplane.ledger import migrate as ledger
+    from controlplane.ledger.client import LedgerError
+
+    try:
+        return ledger.is_current(settings.ledger, timeout_s=LEDGER_CHECK_TIMEOUT_S)
+    except LedgerError as exc:
+        if settings.ledger.kind != "http" or exc.cause != "OperationalError":
+            raise
+        logging.getLogger("vkgate.controlplane").warning(
+            "spend ledger (VKGATE_LEDGER_URL) unreachable at start-up, serving without it: %s",
+            exc,
+        )
+        return True
+
+
+def _warn_of_split_ledger(settings: ControlPlaneSettings) -> None:
+    """A shared PostgreSQL database with this process's own embedded ledger: fine for one
+    control plane, but replicas behind a load balancer would each keep part of the spend."""
+    from controlplane.db import is_sqlite
+
+    if settings.ledger.kind == "chdb" and not is_sqlite(settings.database_url):
+        logging.getLogger("vkgate.controlplane").warning(
+            "VKGATE_DATABASE_URL is PostgreSQL but the spend ledger is this process's embedded "
+            "chDB (%s): run one control plane only, or point VKGATE_LEDGER_URL of every "
+            "replica at one ClickHouse server, or each replica keeps part of the spend",
+            settings.ledger.display,
+        )
 
 
 @click.command("migrate")
@@ -305,7 +348,7 @@ def migrate() -> None:
     """Apply the control plane's migrations: its database (VKGATE_DATABASE_URL) and its spend
     ledger (VKGATE_LEDGER_URL)."""
     from controlplane.ledger.migrate import upgrade as upgrade_ledger
-    from controlplane.migrate import upgrade
+    from controlplane.migrate import migrating, upgrade
     from controlplane.settings import database_url, ledger_location
 
     env = E.environment()
@@ -315,7 +358,7 @@ def migrate() -> None:
         ledger = ledger_location(env, E.home(env))
     except E.SettingError as exc:
         raise click.ClickException(f"configuration: {exc}") from None
-    with database_errors(), ledger_errors():
+    with database_errors(), ledger_errors(), migrating(url):
         upgrade(url)
         applied = upgrade_ledger(ledger)
     click.echo("migrations applied")
