@@ -177,31 +177,29 @@ def test_a_clickhouse_ledger_that_refuses_stops_the_start_up_with_its_reason(
     assert "unreachable" not in result.stdout + result.stderr
 
 
-def test_postgres_with_an_embedded_ledger_warns_that_replicas_would_split_spend(
-    fresh_postgres: str, tmp_path: Path
-) -> None:
+def embedded_ledger_log(database_url: str, tmp_path: Path) -> str:
+    """The log of `vkgate controlplane --migrate` on `database_url` and an embedded ledger,
+    once it served and stopped."""
     port = free_port()
     env = clean_env(
-        **secrets_env(fresh_postgres),
+        **secrets_env(database_url),
         VKGATE_HOME=str(tmp_path),
         VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
     )
     log = tmp_path / "controlplane.log"
     with running(["controlplane", "--migrate"], env=env, port=port, log=log, cwd=tmp_path):
         pass
-    output = log.read_text()
+    return log.read_text()
+
+
+def test_postgres_with_an_embedded_ledger_warns_that_replicas_would_split_spend(
+    fresh_postgres: str, tmp_path: Path
+) -> None:
+    output = embedded_ledger_log(fresh_postgres, tmp_path)
     assert "each replica keeps part of the spend" in output
     assert str(tmp_path / "ledger") in output
 
 
 def test_sqlite_with_an_embedded_ledger_gives_no_such_warning(tmp_path: Path) -> None:
-    port = free_port()
-    env = clean_env(
-        **secrets_env(f"sqlite:///{tmp_path / 'controlplane.db'}"),
-        VKGATE_HOME=str(tmp_path),
-        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
-    )
-    log = tmp_path / "controlplane.log"
-    with running(["controlplane", "--migrate"], env=env, port=port, log=log, cwd=tmp_path):
-        pass
-    assert "each replica keeps part of the spend" not in log.read_text()
+    output = embedded_ledger_log(f"sqlite:///{tmp_path / 'controlplane.db'}", tmp_path)
+    assert "each replica keeps part of the spend" not in output

@@ -29,11 +29,11 @@ CLI_WITHOUT_CHDB = WITHOUT_CHDB + "from vkgate.cli import main; main(prog_name='
 
 
 def run_python(
-    code: str, *args: str, env: dict[str, str] | None = None
+    code: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -176,15 +176,7 @@ def test_doctor_names_the_missing_chdb_instead_of_a_migration_or_a_lock(tmp_path
         "VKGATE_CONTROLPLANE_URL": "http://127.0.0.1:9",
         "VKGATE_LEDGER_URL": f"chdb://{tmp_path / 'ledger'}",
     }
-    result = subprocess.run(
-        [sys.executable, "-c", CLI_WITHOUT_CHDB, "doctor", "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+    result = run_python(CLI_WITHOUT_CHDB, "doctor", "--json", env=env, cwd=tmp_path)
     assert "Traceback" not in result.stderr, result.stderr
     (ledger,) = [check for check in json.loads(result.stdout) if check["check"] == "ledger"]
     assert ledger["status"] == "fail"
