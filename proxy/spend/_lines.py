@@ -20,6 +20,9 @@ from vkgate.spend import SpendRecord
 
 SUFFIX_LEN = 10
 """`' '`, eight hex digits and `'\\n'`."""
+_LINE_START = b'{"id":'
+"""How every line begins: `id` is `SpendRecord`'s first field, and msgspec keeps field order.
+Inside a string a quote is escaped, so these bytes occur nowhere else in a line."""
 
 _decoder = msgspec.json.Decoder(SpendRecord)
 
@@ -74,6 +77,9 @@ def scan(data: bytes, *, decode: bool) -> Scan:
         if end < 0:
             break  # no newline: the last write never finished
         json = json_of(view[start:end])
+        if json is None and (glued := _glued_start(data, start, end)) >= 0:
+            bad_since_good += 1  # the damaged line the good one was glued to
+            json = json_of(view[glued:end])
         record = None
         if json is not None and (decode or result.first_at is None):
             try:
@@ -96,6 +102,22 @@ def scan(data: bytes, *, decode: bool) -> Scan:
         start = end + 1
     result.torn = size - result.good_end
     return result
+
+
+def _glued_start(data: bytes, start: int, end: int) -> int:
+    """Where a good line begins inside the bad line `data[start:end]`, or -1.
+
+    A damaged `\\n` glues its line to the next, which is still whole from its own start:
+    without this one bad byte would lose two records, and cutting a torn tail would delete the
+    second from disk.
+    """
+    view = memoryview(data)
+    at = data.find(_LINE_START, start + 1, end)
+    while at >= 0:
+        if json_of(view[at:end]) is not None:
+            return at
+        at = data.find(_LINE_START, at + 1, end)
+    return -1
 
 
 def segment_body(replica_id: str, segment_id: str, records: list[memoryview]) -> bytes:

@@ -1,0 +1,1 @@
+"""Robustness: property tests, fuzzing, hostile input."""
