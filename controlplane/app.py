@@ -26,6 +26,7 @@ from controlplane.keys.routes import VirtualKeyController
 from controlplane.ledger.store import Ledger
 from controlplane.lifecycle import Lifecycle
 from controlplane.metrics import Metrics, RequestMetrics
+from controlplane.openapi import document_refusals
 from controlplane.orgs.routes import OrganizationController, ProjectController, TeamController
 from controlplane.policies.routes import RoutingPolicyController
 from controlplane.providers.routes import ProviderController
@@ -164,6 +165,7 @@ def create_app(
     # Around the router rather than in each route's middleware stack: requests no route
     # matched are counted too.
     app.asgi_handler = RequestMetrics(app.asgi_handler, state.metrics)
+    document_refusals(app)
     return app
 
 

@@ -7,11 +7,13 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromQuery, QueryParameter
 from litestar.status_codes import HTTP_200_OK
 
 from controlplane.errors import ApiError
 from controlplane.models import Organization
+from controlplane.openapi import CsvAlternative
 from controlplane.schemas import Vk
 from controlplane.spend import reports, segments, service
 from vkgate.logs import event
@@ -25,6 +27,22 @@ an admin body, so this route has its own limit instead of VKGATE_CONTROLPLANE_MA
 JSON = "application/json"
 CSV = "text/csv; charset=utf-8"
 NEXT_CURSOR_HEADER = "X-Vkgate-Next-Cursor"
+
+
+class SpendReport(msgspec.Struct):
+    """The JSON report (the route builds it as bytes; this only documents its shape)."""
+
+    rows: list[dict[str, Any]]
+    """One per group: its group fields, then the counts, tokens and `cost_usd`."""
+    totals: dict[str, Any]
+
+
+class LedgerPage(msgspec.Struct):
+    """A JSON page of raw ledger rows (documentation only, like `SpendReport`)."""
+
+    data: list[dict[str, Any]]
+    next_cursor: str | None
+
 
 From = Annotated[
     str | None, QueryParameter(name="from", description="Inclusive: RFC 3339 or a date (UTC)")
@@ -40,7 +58,17 @@ class SpendController(Controller):
     path = "/api/spend"
     tags = ["spend"]
 
-    @get("/report")
+    @get(
+        "/report",
+        responses={
+            200: ResponseSpec(
+                SpendReport,
+                description="The report (CSV with format=csv)",
+                generate_examples=False,
+            )
+        },
+        operation_class=CsvAlternative,
+    )
     async def report(
         self,
         vk: Vk,
@@ -62,7 +90,15 @@ class SpendController(Controller):
         body = {"rows": built.rows, "totals": built.totals}
         return Response(msgspec.json.encode(body), media_type=JSON)
 
-    @get("/ledger")
+    @get(
+        "/ledger",
+        responses={
+            200: ResponseSpec(
+                LedgerPage, description="A page (CSV with format=csv)", generate_examples=False
+            )
+        },
+        operation_class=CsvAlternative,
+    )
     async def ledger(
         self,
         vk: Vk,
