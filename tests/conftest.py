@@ -177,8 +177,25 @@ class World:
     key: str
 
 
+OPENAI_PROVIDER: dict[str, Any] = {
+    "name": "openai-main",
+    "kind": "openai",
+    "api_key": "sk-test-provider-credential-7d1f",
+}
+
+
 @pytest.fixture
 async def world(client: httpx.AsyncClient) -> World:
+    return await seed_world(client)
+
+
+async def seed_world(
+    client: httpx.AsyncClient,
+    provider_fields: dict[str, Any] = OPENAI_PROVIDER,
+    model: str = "gpt-4o-mini",
+) -> World:
+    """A `World` through the admin API: its provider made of `provider_fields`, its policy's
+    alias `fast` routed to that provider's `model`."""
     org = (await create(client, "/api/admin/organizations", {"name": "acme"}))["id"]
     team = (await create(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
     project = (
@@ -187,16 +204,7 @@ async def world(client: httpx.AsyncClient) -> World:
         )
     )["id"]
     provider = (
-        await create(
-            client,
-            "/api/admin/providers",
-            {
-                "organization_id": org,
-                "name": "openai-main",
-                "kind": "openai",
-                "api_key": "sk-test-provider-credential-7d1f",
-            },
-        )
+        await create(client, "/api/admin/providers", {"organization_id": org, **provider_fields})
     )["id"]
     policy = (
         await create(
@@ -205,7 +213,7 @@ async def world(client: httpx.AsyncClient) -> World:
             {
                 "organization_id": org,
                 "name": "default",
-                "aliases": {"fast": [{"provider_id": provider, "model": "gpt-4o-mini"}]},
+                "aliases": {"fast": [{"provider_id": provider, "model": model}]},
             },
         )
     )["id"]

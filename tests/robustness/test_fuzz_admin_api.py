@@ -33,7 +33,7 @@ from controlplane.app import create_app
 from controlplane.db import Database, create_engine
 from controlplane.migrate import upgrade
 from controlplane.settings import ControlPlaneSettings, LedgerLocation
-from tests.conftest import serve_in_loop
+from tests.conftest import seed_world, serve_in_loop
 from tests.support.api import ADMIN, create
 from tests.support.clock import ManualClock
 from tests.support.env import secrets_env
@@ -113,45 +113,14 @@ async def target(
 
 async def _seed(client: httpx.AsyncClient) -> tuple[str, dict[str, str]]:
     """One of each resource; the finance token, and the ids by path parameter name."""
-    org = (await create(client, "/api/admin/organizations", {"name": "acme"}))["id"]
-    team = (await create(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
-    project = (
-        await create(
-            client, "/api/admin/projects", {"organization_id": org, "team_id": team, "name": "chat"}
-        )
-    )["id"]
-    provider = (
-        await create(
-            client,
-            "/api/admin/providers",
-            {"organization_id": org, "name": "main", "kind": "mock"},
-        )
-    )["id"]
-    policy = (
-        await create(
-            client,
-            "/api/admin/routing-policies",
-            {
-                "organization_id": org,
-                "name": "default",
-                "aliases": {"fast": [{"provider_id": provider, "model": "mock-small"}]},
-            },
-        )
-    )["id"]
-    key = (
-        await create(
-            client,
-            "/api/admin/virtual-keys",
-            {"project_id": project, "name": "app", "routing_policy_id": policy},
-        )
-    )["id"]
+    world = await seed_world(client, {"name": "main", "kind": "mock"}, "mock-small")
     budget = (
         await create(
             client,
             "/api/admin/budgets",
             {
-                "organization_id": org,
-                "scope": {"kind": "project", "id": project},
+                "organization_id": world.org,
+                "scope": {"kind": "project", "id": world.project},
                 "window": "month",
                 "limit_usd": "10",
             },
@@ -161,12 +130,12 @@ async def _seed(client: httpx.AsyncClient) -> tuple[str, dict[str, str]]:
     # A token of its own for the revoke route, so fuzzing it never revokes the finance caller.
     spare = (await create(client, "/api/admin/tokens", {"name": "spare", "role": "finance"}))["id"]
     known = {
-        "organization_id": org,
-        "team_id": team,
-        "project_id": project,
-        "provider_id": provider,
-        "policy_id": policy,
-        "vk_id": key,
+        "organization_id": world.org,
+        "team_id": world.team,
+        "project_id": world.project,
+        "provider_id": world.provider,
+        "policy_id": world.policy,
+        "vk_id": world.key_id,
         "budget_id": budget,
         "token_id": spare,
     }
