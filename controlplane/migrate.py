@@ -16,6 +16,8 @@ from sqlalchemy.pool import NullPool
 
 import migrations
 from controlplane.db import is_sqlite, sync_url
+from controlplane.ledger import migrate as ledger_migrate
+from controlplane.settings import LedgerLocation
 
 
 def alembic_config(database_url: str) -> Config:
@@ -68,6 +70,14 @@ def upgrade(database_url: str) -> None:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     command.upgrade(alembic_config(database_url), "head")
+
+
+def upgrade_stores(database_url: str, ledger: LedgerLocation) -> list[str]:
+    """Migrate the database, then the spend ledger, under the migration lock; the ledger
+    migrations applied, by name."""
+    with migrating(database_url):
+        upgrade(database_url)
+        return ledger_migrate.upgrade(ledger)
 
 
 def is_current(database_url: str) -> bool:

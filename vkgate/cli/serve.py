@@ -168,8 +168,7 @@ def up(demo: bool) -> None:
     """Start vkgate (control plane and proxy) on this machine with its embedded stores."""
     import asyncio
 
-    from controlplane.ledger.migrate import upgrade as upgrade_ledger
-    from controlplane.migrate import migrating, upgrade
+    from controlplane.migrate import upgrade_stores
     from controlplane.settings import ControlPlaneSettings
     from proxy.settings import ProxySettings
 
@@ -182,9 +181,7 @@ def up(demo: bool) -> None:
     proxy_settings = load_settings(ProxySettings.from_env, merged)
     configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
-        with migrating(settings.database_url):
-            upgrade(settings.database_url)
-            upgrade_ledger(settings.ledger)
+        upgrade_stores(settings.database_url, settings.ledger)
         seeded = asyncio.run(_seed(settings, home)) if demo else None
     proxy = subprocess.Popen([sys.executable, "-m", "vkgate", "proxy"], env=merged)
     try:
@@ -280,17 +277,14 @@ def proxy() -> None:
 @click.option("--migrate", is_flag=True, help="Apply pending migrations before serving.")
 def controlplane(migrate: bool) -> None:
     """Serve the control plane (settings from VKGATE_* variables only)."""
-    from controlplane.ledger import migrate as ledger
-    from controlplane.migrate import is_current, migrating, upgrade
+    from controlplane.migrate import is_current, upgrade_stores
     from controlplane.settings import ControlPlaneSettings
 
     settings = load_settings(ControlPlaneSettings.from_env, E.environment())
     configure_logging(settings.log_level, settings.log_format)
     with database_errors(), ledger_errors():
         if migrate:
-            with migrating(settings.database_url):
-                upgrade(settings.database_url)
-                ledger.upgrade(settings.ledger)
+            upgrade_stores(settings.database_url, settings.ledger)
         elif not is_current(settings.database_url):
             raise click.ClickException(
                 "the database is not at the newest schema; run `vkgate migrate` (or pass --migrate)"
@@ -347,8 +341,7 @@ def _warn_of_split_ledger(settings: ControlPlaneSettings) -> None:
 def migrate() -> None:
     """Apply the control plane's migrations: its database (VKGATE_DATABASE_URL) and its spend
     ledger (VKGATE_LEDGER_URL)."""
-    from controlplane.ledger.migrate import upgrade as upgrade_ledger
-    from controlplane.migrate import migrating, upgrade
+    from controlplane.migrate import upgrade_stores
     from controlplane.settings import database_url, ledger_location
 
     env = E.environment()
@@ -358,9 +351,8 @@ def migrate() -> None:
         ledger = ledger_location(env, E.home(env))
     except E.SettingError as exc:
         raise click.ClickException(f"configuration: {exc}") from None
-    with database_errors(), ledger_errors(), migrating(url):
-        upgrade(url)
-        applied = upgrade_ledger(ledger)
+    with database_errors(), ledger_errors():
+        applied = upgrade_stores(url, ledger)
     click.echo("migrations applied")
     if applied:
         click.echo(f"ledger at {ledger.display}: applied {', '.join(applied)}")
