@@ -76,13 +76,8 @@ class Ticket:
         try:
             self._spool.append(record)
         except SpoolError:
-            record.seq = 0  # not in the spool: the ledger will never acknowledge it
-            # The answer is (being) given; the loss is logged loudly, never the request itself.
-            log.error(
-                "spend record lost: request_id=%s route=%s (spool not writable)",
-                self.request_id,
-                self._route,
-            )
+            # The answer is (being) given: the record waits in memory for the disk.
+            self._spool.hold(record)
 
     def _outcome_record(
         self, outcome: Outcome, status: int, error_code: str | None, now: float

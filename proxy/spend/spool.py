@@ -111,6 +111,8 @@ a reverse proxy in front of the control plane allows by default (nginx's
 `client_max_body_size`): a larger one would be refused there and set aside. The control plane
 itself takes segments up to 128 MiB (`SPEND_SEGMENT_MAX_BYTES`)."""
 MAX_HEADROOM_BYTES = 16 * MIB
+HELD_MAX = 100_000
+"""Outcome records kept in memory while the spool cannot write (some 100 MB at most)."""
 
 
 class FullPolicy(StrEnum):
@@ -241,6 +243,7 @@ class SpendSpool:
         self._open_first_at: datetime | None = None
         self._closed = False
         self._unwritable: str | None = None
+        self._waiting: deque[SpendRecord] = deque()
 
         self.shipped_segments = 0
         self.shipped_records = 0
@@ -304,6 +307,16 @@ class SpendSpool:
         """Seal what was written and let the directories go; unshipped segments stay on disk."""
         if self._closed:
             return
+        if self._waiting:
+            try:
+                if self._fd < 0:
+                    self._reopen()
+                self._write_waiting()
+            except SpoolError:
+                log.error(
+                    "spend records lost at shutdown: %d held while the spool could not write",
+                    len(self._waiting),
+                )
         try:
             self.seal()
         finally:
@@ -326,23 +339,60 @@ class SpendSpool:
 
         Raises `SpoolError` when the line could not be written (disk full, spool closed); the
         record then has no sequence number of its own: the next one reuses it, leaving no gap.
+        Records `hold` kept are written first, in their order.
         """
         if self._fd < 0:
             self._reopen()
+        if self._waiting:
+            self._write_waiting()
         now = self._clock.now()
-        seq = self._seq + 1
         record.id = self._ids.next()
         record.replica_id = self._replica_id
-        record.seq = seq
         record.at = rfc3339_micro(now)
+        self._write(record, now)
+
+    def hold(self, record: SpendRecord) -> None:
+        """Keep `record`, which `append` could not write, in memory until the spool writes again
+        (the next `append`, or the drainer's `retry_writable`). A request is refused while the
+        spool cannot write, so only the outcomes of those already in flight land here; past
+        `HELD_MAX` a record is lost, and logged as such."""
+        if len(self._waiting) >= HELD_MAX:
+            log.error(
+                "spend record lost: request_id=%s route=%s (spool not writable, %d records held)",
+                record.request_id,
+                record.route,
+                len(self._waiting),
+            )
+            return
+        record.seq = 0
+        self._waiting.append(record)
+
+    @property
+    def waiting(self) -> int:
+        """Records waiting in memory for the spool to write again."""
+        return len(self._waiting)
+
+    def _write_waiting(self) -> None:
+        held = self._waiting
+        while held:
+            record = held[0]
+            self._write(record, self._clock.now())
+            held.popleft()
+        log.info("the spend spool wrote the records it held while it could not write")
+
+    def _write(self, record: SpendRecord, now: datetime) -> None:
+        seq = self._seq + 1
+        record.seq = seq
         buffer = self._buffer
         self._encode_into(record, buffer)
         buffer += _lines.checksum_suffix(buffer)
         try:
             written = os.write(self._fd, buffer)
         except OSError as exc:
+            record.seq = 0
             self._write_failed(exc, torn=False)
         if written != len(buffer):
+            record.seq = 0
             self._write_failed(OSError(f"short write: {written} of {len(buffer)} bytes"), torn=True)
         self._seq = seq
         if self._unwritable is not None:
@@ -383,6 +433,9 @@ class SpendSpool:
             return
         self._unwritable = None
         log.info("the spend spool will try writing again")
+        if self._waiting:
+            with contextlib.suppress(SpoolError):  # still full: the next pass tries again
+                self._write_waiting()
 
     def count_refused(self) -> None:
         """Count a request the gateway refused because the spool was `full`."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from proxy.spend import spool as spool_module
 from proxy.spend.spool import FullPolicy, SpendSpool, SpoolError, rfc3339_micro
 from tests.proxy.spool_support import SteppedClock, record, segment_records
 from vkgate.spend import SpendRecord, SpendSegment
@@ -344,6 +345,87 @@ class TestWriteFailures:
         after = record("after")
         spool.append(after)
         assert after.seq == 2
+        spool.close()
+
+    def test_an_outcome_that_could_not_be_written_waits_in_memory_then_lands_in_order(
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        spool.append(record("admitted", "admit"))
+
+        def disk_full(fd: int, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", disk_full)
+        outcomes = [record(f"r{n}", "confirm") for n in range(3)]
+        for outcome in outcomes:
+            with pytest.raises(SpoolError):
+                spool.append(outcome)
+            spool.hold(outcome)
+        stamped_at = [outcome.at for outcome in outcomes]
+        assert spool.waiting == 3 and [o.seq for o in outcomes] == [0, 0, 0]
+        spool.retry_writable()  # the disk is still full: they keep waiting
+        assert spool.waiting == 3 and not spool.writable
+        monkeypatch.undo()
+
+        spool.retry_writable()  # the drainer's pass, once there is room again
+        assert spool.waiting == 0 and spool.writable
+        assert [o.seq for o in outcomes] == [2, 3, 4]
+        assert [o.at for o in outcomes] == stamped_at, "each keeps the moment it happened"
+        spool.append(record("next"))
+        spool.seal()
+        written = [rec.request_id for _, records in segment_records(spool) for rec in records]
+        assert written == ["admitted", "r0", "r1", "r2", "next"]
+        spool.close()
+
+    def test_waiting_outcomes_go_before_the_next_record(
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        real_write = os.write
+        monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:0])))
+        held = record("held", "confirm")
+        with pytest.raises(SpoolError):
+            spool.append(held)
+        spool.hold(held)
+        monkeypatch.undo()
+        spool.append(record("after"))
+        spool.seal()
+        written = [rec.request_id for _, records in segment_records(spool) for rec in records]
+        assert written == ["held", "after"]
+        spool.close()
+
+    def test_waiting_outcomes_are_written_at_close(
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        spool.append(record("before"))
+        monkeypatch.setattr(os, "write", lambda fd, data: 0)
+        held = record("held", "confirm")
+        with pytest.raises(SpoolError):
+            spool.append(held)
+        spool.hold(held)
+        monkeypatch.undo()
+        spool.close()
+        again = open_spool(tmp_path, clock)
+        written = [rec.request_id for _, records in segment_records(again) for rec in records]
+        assert written == ["before", "held"]
+        again.close()
+
+    def test_past_the_memory_bound_a_waiting_outcome_is_lost_and_logged(
+        self,
+        tmp_path: Path,
+        clock: SteppedClock,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        monkeypatch.setattr(spool_module, "HELD_MAX", 2)
+        spool = open_spool(tmp_path, clock)
+        for n in range(3):
+            spool.hold(record(f"r{n}", "confirm"))
+        assert spool.waiting == 2
+        [lost] = [r.getMessage() for r in caplog.records if "spend record lost" in r.getMessage()]
+        assert "request_id=r2" in lost
         spool.close()
 
     def test_a_short_write_is_never_glued_to_the_next_record(
