@@ -10,7 +10,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from controlplane.ledger.client import LedgerError
 from vkgate.errors import ERRORS, ErrorCode
@@ -152,7 +152,25 @@ def _on_ledger(request: Request[Any, Any, Any], exc: LedgerError) -> Response[by
         method=request.method,
         cause=exc.cause,
     )
-    return render(ApiError(ErrorCode.INTERNAL_ERROR, f"the spend ledger is unavailable: {exc}"))
+    return render(unavailable(f"the spend ledger is unavailable: {exc}"))
+
+
+def _on_database(request: Request[Any, Any, Any], exc: DBAPIError) -> Response[bytes]:
+    # The database went away (a restart, a failover, a network cut): a retry will do, and the
+    # connection pool checks its connections before handing them out again.
+    event(
+        log,
+        "database_unavailable",
+        level=logging.ERROR,
+        route=_route(request),
+        method=request.method,
+        cause=type(exc.orig).__name__,
+    )
+    return render(unavailable("the database is unavailable; retry shortly"))
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(ErrorCode.STORE_UNAVAILABLE, message, headers={"Retry-After": "1"})
 
 
 def _route(request: Request[Any, Any, Any]) -> str:
@@ -178,5 +196,7 @@ EXCEPTION_HANDLERS: dict[type[Exception] | int, Any] = {
     HTTPException: _on_http,
     IntegrityError: _on_integrity,
     LedgerError: _on_ledger,
+    OperationalError: _on_database,
+    InterfaceError: _on_database,
     Exception: _on_unexpected,
 }

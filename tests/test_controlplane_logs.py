@@ -147,7 +147,7 @@ async def test_a_failed_ledger_write_is_logged_without_the_ledger_credentials(
             body = msgspec.json.encode(
                 segment(request(clock.now(), organization_id=org), segment_id="seg-down-1")
             )
-            assert (await ship(client, clock, body)).status_code == 500
+            assert (await ship(client, clock, body)).status_code == 503
     finally:
         await ledger.close()
 

@@ -156,7 +156,7 @@ async def test_a_ledger_outage_is_counted_and_timed(
         async with serve_in_loop(app, "http://cp.test") as client:
             org = (await create(client, "/api/admin/organizations", {"name": "o"}))["id"]
             body = msgspec.json.encode(segment(request(clock.now(), organization_id=org)))
-            assert (await ship(client, clock, body)).status_code == 500
+            assert (await ship(client, clock, body)).status_code == 503
             text = await scrape(client)
     finally:
         await ledger.close()

@@ -340,7 +340,7 @@ async def test_a_ledger_outage_leaves_the_segment_unacknowledged(
             )
     finally:
         await ledger.close()
-    error = error_of(response, 500, "internal_error")
+    error = error_of(response, 503, "store_unavailable")
     assert "spend ledger is unavailable" in error["message"]
     assert "127.0.0.1:9" in error["message"]
-    error_of(report, 500, "internal_error")
+    error_of(report, 503, "store_unavailable")

@@ -41,6 +41,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     CONFLICT = "conflict"
     BAD_SIGNATURE = "bad_signature"
+    STORE_UNAVAILABLE = "store_unavailable"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -80,5 +81,6 @@ ERRORS: dict[ErrorCode, ErrorKind] = {
     ErrorCode.METHOD_NOT_ALLOWED: ErrorKind(405, "invalid_request_error", "invalid_request_error"),
     ErrorCode.CONFLICT: ErrorKind(409, "conflict_error", "invalid_request_error"),
     ErrorCode.BAD_SIGNATURE: ErrorKind(401, "authentication_error", "authentication_error"),
+    ErrorCode.STORE_UNAVAILABLE: ErrorKind(503, "api_error", "overloaded_error"),
     ErrorCode.INTERNAL_ERROR: ErrorKind(500, "api_error", "api_error"),
 }
