@@ -17,15 +17,7 @@ from litestar import Litestar
 
 from proxy.asgi import Scope
 from proxy.auth import AuthCache
-from proxy.clients import (
-    InvalidKeyThrottle,
-    IPNetwork,
-    KeyGuard,
-    client_address,
-    format_ip,
-    parse_ip,
-    throttle_key,
-)
+from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.errors import ProxyError
 from proxy.providers.mock import MockProvider
 from tests.proxy.conftest import (
@@ -37,6 +29,7 @@ from tests.proxy.conftest import (
 )
 from tests.proxy.test_auth_cache_unit import FakeControlPlane, event
 from tests.support.clock import ManualClock
+from vkgate.addresses import IPNetwork, client_address, format_ip, parse_ip, throttle_key
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
 from vkgate.wire import EventKind
