@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response, Router, get
@@ -37,6 +38,7 @@ from controlplane.settings import ControlPlaneSettings
 from controlplane.spend.pricing import Pricer
 from controlplane.spend.routes import SpendController
 from controlplane.state import AppState
+from controlplane.throttle import AdminAuthThrottle
 from controlplane.tokens.routes import AdminTokenController, audit_log
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
@@ -95,11 +97,12 @@ def create_app(
     db = database or Database(create_engine(settings.database_url))
     spend_ledger = ledger or Ledger(settings.ledger)
     notifier = FeedNotifier()
+    app_clock = clock or SystemClock()
     lifecycle = Lifecycle(notifier=notifier, grace_s=settings.shutdown_grace_s)
     state = AppState(
         settings=settings,
         db=db,
-        clock=clock or SystemClock(),
+        clock=app_clock,
         cipher=Cipher(settings.encryption_key),
         hasher=Hasher(settings.key_pepper),
         notifier=notifier,
@@ -110,6 +113,11 @@ def create_app(
         pricer=Pricer(),
         lifecycle=lifecycle,
         readiness=ReadinessProbe(db=db, ledger=spend_ledger, draining=lambda: lifecycle.draining),
+        auth_throttle=AdminAuthThrottle(
+            settings.admin_auth_failures_per_minute,
+            app_clock,
+            trusted=[ipaddress.ip_network(cidr) for cidr in settings.trusted_proxy_cidrs],
+        ),
     )
 
     listener = (

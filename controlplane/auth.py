@@ -1,4 +1,5 @@
-"""Admin API authentication: bearer admin tokens with the `admin` or `finance` role."""
+"""Admin API authentication: bearer admin tokens with the `admin` or `finance` role, each
+either unbound (every organization) or bound to one organization."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from vkgate.errors import ErrorCode
 
 ENV_TOKEN_ACTOR = "env"
 READ_METHODS = frozenset({"GET", "HEAD"})
+UNBOUND_ONLY = "unbound_only"
+"""Handler opt: the route is for tokens bound to no organization (organizations, tokens)."""
 
 
 class Role(StrEnum):
@@ -30,6 +33,8 @@ class Role(StrEnum):
 class Actor:
     id: str
     role: Role
+    organization_id: str | None = None
+    """Set, the token sees and changes only this organization's resources."""
 
 
 async def require_admin_token(
@@ -37,12 +42,23 @@ async def require_admin_token(
 ) -> None:
     """Guard: a valid token; `admin` for anything that changes state, `finance` reads.
 
-    A handler may demand `admin` even for reads with `opt={"role": "admin"}`.
+    A handler may demand `admin` even for reads with `opt={"role": "admin"}`, and a token bound
+    to no organization with `opt={UNBOUND_ONLY: True}`. An address that failed too often lately
+    is answered 429 before its token is looked at (controlplane/throttle.py).
     """
     state = app_state(connection)
-    actor = await _authenticate(connection, state)
+    address = state.auth_throttle.address(connection.scope)
+    wait = state.auth_throttle.retry_after(address)
+    if wait is not None:
+        raise ApiError(
+            ErrorCode.RATE_LIMITED,
+            "too many failed admin authentications from this address; retry later",
+            headers={"Retry-After": str(wait)},
+        )
+    actor, reason = await _authenticate(connection, state)
     if actor is None:
         state.metrics.admin_auth_failures.inc()
+        state.auth_throttle.failed(address, reason)
         raise ApiError(
             ErrorCode.UNAUTHORIZED,
             "missing or invalid admin token (Authorization: Bearer <token>)",
@@ -54,23 +70,32 @@ async def require_admin_token(
         raise ApiError(
             ErrorCode.FORBIDDEN, f"this needs the admin role; the token has {actor.role}"
         )
+    if actor.organization_id is not None and handler.opt.get(UNBOUND_ONLY):
+        raise ApiError(
+            ErrorCode.FORBIDDEN,
+            "this needs an admin token bound to no organization; this one is bound to one",
+        )
     connection.state.actor = actor
 
 
 async def _authenticate(
     connection: ASGIConnection[Any, Any, Any, Any], state: AppState
-) -> Actor | None:
+) -> tuple[Actor | None, str]:
+    """The token's actor, or None and why not (`missing`, `invalid` or `revoked`)."""
     header = connection.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        return None
+        return None, "missing"
     configured = state.settings.admin_token
     if configured is not None and hmac.compare_digest(token.encode(), configured.encode()):
-        return Actor(id=ENV_TOKEN_ACTOR, role=Role.ADMIN)
+        return Actor(id=ENV_TOKEN_ACTOR, role=Role.ADMIN), ""
+    # Looked up by its peppered hash: the presented text itself never reaches the database.
     token_hash = state.hasher.of_secret(token)
     async with state.read() as tx:
         row = await tx.session.scalar(select(AdminToken).where(AdminToken.token_hash == token_hash))
-    if row is None or row.revoked_at is not None:
-        return None
-    return Actor(id=row.id, role=Role(row.role))
+    if row is None:
+        return None, "invalid"
+    if row.revoked_at is not None:
+        return None, "revoked"
+    return Actor(id=row.id, role=Role(row.role), organization_id=row.organization_id), ""

@@ -169,6 +169,8 @@ class AdminToken(Base):
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     role: Mapped[str] = mapped_column(String(16))
+    organization_id: Mapped[str | None] = mapped_column(ForeignKey("organizations.id"))
+    """Set, the token sees and changes only this organization's resources."""
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]

@@ -15,9 +15,10 @@ from vkgate.wire import ErrorBody
 READ_ERRORS = {
     400: "Malformed request (not JSON, or not the shape the route takes)",
     401: "Missing or invalid admin token",
-    403: "The token's role may not do this",
-    404: "No such resource",
+    403: "The token's role may not do this, or the token is bound to an organization",
+    404: "No such resource (or one of another organization than the token's)",
     422: "A field or query parameter is invalid; `param` names it",
+    429: "Too many failed admin authentications from this address lately; see Retry-After",
 }
 WRITE_ERRORS = {
     **READ_ERRORS,

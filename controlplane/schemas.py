@@ -61,7 +61,15 @@ def actor_id(request: Request[Any, Any, Any]) -> str:
     return actor.id
 
 
-DEPENDENCIES = {"vk": Provide(app_state, sync_to_thread=False)}
+def request_state(request: Request[Any, Any, Any]) -> AppState:
+    """The application state as this request may see it: limited to one organization when an
+    organization-bound admin token makes it (the guard has put its actor on the request)."""
+    actor: Actor | None = getattr(request.state, "actor", None)
+    state = app_state(request)
+    return state.scoped_to(actor.organization_id if actor else None)
+
+
+DEPENDENCIES = {"vk": Provide(request_state, sync_to_thread=False)}
 Vk = NamedDependency[AppState]
 """How a handler asks for the application state: `vk: Vk`."""
 
@@ -96,11 +104,13 @@ async def page(
     cursor: str | None,
     numeric: bool = False,
 ) -> tuple[Sequence[Any], str | None]:
-    """Rows ordered by `key` after `cursor`, and the cursor of the next page if there is one.
+    """Rows ordered by `key` after `cursor`, and the cursor of the next page if there is one;
+    only those within the transaction's organization scope.
 
     `numeric` for an integer key, whose cursor is its decimal text.
     """
     size = page_size(limit)
+    query = tx.scoped(query)
     if cursor:
         if numeric and not cursor.isdigit():
             raise invalid("cursor must be a cursor this route returned", param="cursor")

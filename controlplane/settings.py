@@ -14,6 +14,7 @@ from vkgate import env as E
 DEFAULT_ADDR = "127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LEDGER_DATABASE = "vkgate"
+DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE = 30
 _DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -54,6 +55,12 @@ class ControlPlaneSettings:
     metrics_token: str | None = None
     """When set, GET /metrics needs `Authorization: Bearer <it>`."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    admin_auth_failures_per_minute: int = DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE
+    """Failed admin authentications one client address may make in a minute before the rest
+    of that minute is answered 429 (controlplane/throttle.py)."""
+    trusted_proxy_cidrs: tuple[str, ...] = ()
+    """Networks (`10.0.0.0/8`) of peers whose `X-Forwarded-For` / `X-Real-IP` name the client address (an ingress in
+    front of the admin API): the throttle then counts each client, not the ingress."""
     feed_poll_interval_s: float = 2.0
     """How often a waiting long-poll re-reads the feed, for writes made by another replica."""
     log_level: str = "INFO"
@@ -85,6 +92,15 @@ class ControlPlaneSettings:
             metrics_token=E.string(env, "VKGATE_METRICS_TOKEN"),
             max_body_bytes=E.integer(
                 env, "VKGATE_CONTROLPLANE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024
+            ),
+            admin_auth_failures_per_minute=E.integer(
+                env,
+                "VKGATE_ADMIN_AUTH_FAILURES_PER_MINUTE",
+                DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE,
+                minimum=1,
+            ),
+            trusted_proxy_cidrs=tuple(
+                str(n) for n in E.networks(env, "VKGATE_TRUSTED_PROXY_CIDRS")
             ),
             feed_poll_interval_s=E.number(
                 env, "VKGATE_FEED_POLL_INTERVAL_SECONDS", 2.0, minimum=0.05

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_DATABASE_URL",
         "VKGATE_LEDGER_URL",
         "VKGATE_ADMIN_TOKEN",
+        "VKGATE_ADMIN_AUTH_FAILURES_PER_MINUTE",
         "VKGATE_INTERNAL_SECRET",
         "VKGATE_JWT_SECRET",
         "VKGATE_KEY_PEPPER",
@@ -39,6 +41,8 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_METRICS_ADDR",
         "VKGATE_METRICS_TOKEN",
         "VKGATE_MAX_BODY_BYTES",
+        "VKGATE_MAX_HEADER_BYTES",
+        "VKGATE_CLIENT_READ_TIMEOUT_SECONDS",
         "VKGATE_REDIS_URL",
         "VKGATE_SPOOL_DIR",
         "VKGATE_SPEND_FLUSH_INTERVAL_SECONDS",
@@ -136,6 +140,24 @@ def address(env: Mapping[str, str], name: str, default: str) -> tuple[str, int]:
     if not 0 <= port_number <= 65535:
         raise SettingError(f"{name} port must be 0-65535, got {port_number}")
     return host.strip("[]"), port_number
+
+
+def networks(
+    env: Mapping[str, str], name: str
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated list of CIDRs (`10.0.0.0/8, ::1/128`); empty when unset."""
+    found = []
+    for part in (p.strip() for p in (string(env, name) or "").split(",")):
+        if not part:
+            continue
+        try:
+            found.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise SettingError(
+                f"{name} must be a comma-separated list of CIDRs (10.0.0.0/8, ::1/128), "
+                f"got {part!r}"
+            ) from None
+    return tuple(found)
 
 
 def secret(env: Mapping[str, str], name: str) -> str:

@@ -32,16 +32,24 @@ async def require_signature(
 ) -> None:
     state = app_state(connection)
     request = cast(Request[Any, Any, Any], connection)
-    body = await request.body()
-    problem = signing.verify(
-        state.settings.internal_secret,
-        request.method,
-        path_and_query(connection),
-        body,
-        connection.headers.get(signing.TIMESTAMP_HEADER),
-        connection.headers.get(signing.SIGNATURE_HEADER),
-        state.clock.now().timestamp(),
-    )
+
+    def verify(body: bytes) -> signing.SignatureProblem | None:
+        return signing.verify(
+            state.settings.internal_secret,
+            request.method,
+            path_and_query(connection),
+            body,
+            connection.headers.get(signing.TIMESTAMP_HEADER),
+            connection.headers.get(signing.SIGNATURE_HEADER),
+            state.clock.now().timestamp(),
+        )
+
+    # Missing, malformed and stale headers are refused before the body is read: a spend segment
+    # may be 128 MiB, which an unsigned or replayed-too-late request must not make us buffer.
+    # Whatever that first look says of the signature, it is checked against the real body.
+    problem = verify(b"")
+    if problem is None or problem is signing.SignatureProblem.MISMATCH:
+        problem = verify(await request.body())
     if problem is None:
         return
     state.metrics.internal_auth_failures.labels(problem.value).inc()

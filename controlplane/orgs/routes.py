@@ -9,6 +9,7 @@ from litestar import Controller, Request, get, patch, post
 from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
+from controlplane.auth import UNBOUND_ONLY
 from controlplane.models import Organization, Project, Team
 from controlplane.orgs import service
 from controlplane.orgs.schemas import (
@@ -60,7 +61,7 @@ class OrganizationController(Controller):
     path = "/api/admin/organizations"
     tags = ["organizations"]
 
-    @post("/")
+    @post("/", opt={UNBOUND_ONLY: True})
     async def create(
         self, data: JSONBody[OrganizationCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> OrganizationRead:

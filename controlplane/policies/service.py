@@ -40,7 +40,7 @@ async def _write_targets(tx: Tx, policy: RoutingPolicy, aliases: dict[str, list[
         for position, target in enumerate(chain):
             where = f"aliases.{alias}[{position}].provider_id"
             owner = found.get(target.provider_id)
-            if owner is None:
+            if owner is None or not tx.sees(owner):
                 raise not_found("provider", target.provider_id, param=where)
             if owner != policy.organization_id:
                 raise invalid(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 from sqlalchemy import func, select
@@ -50,6 +51,17 @@ def _check_kind_rules(
     return url.rstrip("/") if url else None
 
 
+def _check_no_userinfo(base_url: str | None) -> None:
+    """Refuse `https://user:secret@host`: base_url is shown in every read, a credential in it
+    would be too. (The URL is not repeated in the message, for the same reason.)"""
+    if base_url is not None and "@" in urlsplit(base_url).netloc:
+        raise invalid(
+            "base_url must not carry credentials (user:password@host); give them as api_key "
+            "or headers, which are encrypted and never shown",
+            param="base_url",
+        )
+
+
 def _seal_headers(cipher: Cipher, provider_id: str, headers: dict[str, str] | None) -> bytes | None:
     if not headers:
         return None
@@ -93,6 +105,7 @@ async def _check_name_free(
 
 async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
     await tx.get(Organization, data.organization_id, "organization", param="organization_id")
+    _check_no_userinfo(data.base_url)
     base_url = _check_kind_rules(
         data.kind,
         base_url=data.base_url,
@@ -135,6 +148,8 @@ async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate)
         changed.append("name")
     # `null` clears base_url, so the kind's default applies again.
     base_url = row.base_url if data.base_url is msgspec.UNSET else data.base_url
+    if data.base_url is not msgspec.UNSET:
+        _check_no_userinfo(data.base_url)
     api_version = row.api_version if data.api_version is msgspec.UNSET else data.api_version
     has_api_key = (
         row.api_key_encrypted is not None

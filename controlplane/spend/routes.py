@@ -11,7 +11,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromQuery, QueryParameter
 from litestar.status_codes import HTTP_200_OK
 
-from controlplane.errors import ApiError
+from controlplane.errors import ApiError, invalid
+from controlplane.ledger import queries
 from controlplane.models import Organization
 from controlplane.openapi import CsvAlternative
 from controlplane.schemas import Vk
@@ -72,18 +73,19 @@ class SpendController(Controller):
     async def report(
         self,
         vk: Vk,
-        organization_id: FromQuery[str],
+        organization_id: FromQuery[str | None] = None,
         start: From = None,
         end: To = None,
         group_by: FromQuery[str | None] = None,
         format: FromQuery[str | None] = None,
     ) -> Response[bytes]:
         """Requests (served), refusals, failures, tokens and cost, grouped by the fields of
-        `group_by` (team, project, virtual_key, model, served_model, provider, end_user, day)."""
+        `group_by` (team, project, virtual_key, model, served_model, provider, end_user, day).
+        A token bound to an organization may leave `organization_id` out: its own is read."""
         chosen = reports.parse_format(format)
         groups = reports.parse_group_by(group_by)
-        period = reports.parse_period(organization_id, start, end)
-        await _check_organization(vk, organization_id)
+        period = await _period(vk, organization_id, start, end)
+        organization_id = period.organization_id
         built = await reports.report(vk.ledger, period, groups)
         if chosen == "csv":
             return _csv(reports.to_csv(built.fields, built.rows), f"spend-{organization_id}")
@@ -102,7 +104,7 @@ class SpendController(Controller):
     async def ledger(
         self,
         vk: Vk,
-        organization_id: FromQuery[str],
+        organization_id: FromQuery[str | None] = None,
         start: From = None,
         end: To = None,
         cursor: FromQuery[str | None] = None,
@@ -112,8 +114,8 @@ class SpendController(Controller):
         """Raw ledger rows in time order, a page at a time (`next_cursor`; in CSV the
         X-Vkgate-Next-Cursor header)."""
         chosen = reports.parse_format(format)
-        period = reports.parse_period(organization_id, start, end)
-        await _check_organization(vk, organization_id)
+        period = await _period(vk, organization_id, start, end)
+        organization_id = period.organization_id
         rows, next_cursor = await reports.ledger_page(vk.ledger, period, cursor=cursor, limit=limit)
         if chosen == "csv":
             response = _csv(
@@ -126,9 +128,18 @@ class SpendController(Controller):
         return Response(msgspec.json.encode(body), media_type=JSON)
 
 
-async def _check_organization(vk: Vk, organization_id: str) -> None:
+async def _period(
+    vk: Vk, organization_id: str | None, start: str | None, end: str | None
+) -> queries.Period:
+    """The period asked for, of the organization asked for, which must exist and be within the
+    token's scope (404 otherwise, as for a missing one); without one, of the token's own."""
+    if organization_id is None and vk.scope is None:
+        raise invalid("the query parameter 'organization_id' is required", param="organization_id")
+    chosen = organization_id or vk.scope or ""
+    period = reports.parse_period(chosen, start, end)
     async with vk.read() as tx:
-        await tx.get(Organization, organization_id, "organization", param="organization_id")
+        await tx.get(Organization, chosen, "organization", param="organization_id")
+    return period
 
 
 def _csv(body: bytes, name: str) -> Response[bytes]:

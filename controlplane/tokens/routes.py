@@ -10,10 +10,10 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK
 from sqlalchemy import select
 
-from controlplane.auth import Role
+from controlplane.auth import UNBOUND_ONLY, Role
 from controlplane.errors import conflict
-from controlplane.models import AdminToken, AuditEntry
-from controlplane.schemas import Name, Page, Vk, actor_id, filtered, page
+from controlplane.models import AdminToken, AuditEntry, Organization
+from controlplane.schemas import Ident, Name, Page, Vk, actor_id, filtered, page
 from controlplane.security import new_admin_token, new_id
 from vkgate.clock import rfc3339
 from vkgate.keys import display_prefix
@@ -22,12 +22,16 @@ from vkgate.keys import display_prefix
 class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     role: Role
+    organization_id: Ident | None = None
+    """Set, the token sees and changes only this organization's resources, and cannot create
+    organizations or manage admin tokens."""
 
 
 class TokenRead(msgspec.Struct, kw_only=True):
     id: str
     name: str
     role: str
+    organization_id: str | None
     prefix: str
     created_at: str
     revoked_at: str | None
@@ -66,6 +70,7 @@ def token_read(row: AdminToken) -> TokenRead:
         id=row.id,
         name=row.name,
         role=row.role,
+        organization_id=row.organization_id,
         prefix=row.prefix,
         created_at=rfc3339(row.created_at),
         revoked_at=rfc3339(row.revoked_at) if row.revoked_at else None,
@@ -75,7 +80,7 @@ def token_read(row: AdminToken) -> TokenRead:
 class AdminTokenController(Controller):
     path = "/api/admin/tokens"
     tags = ["admin tokens"]
-    opt = {"role": "admin"}
+    opt = {"role": "admin", UNBOUND_ONLY: True}
 
     @post("/")
     async def create(
@@ -83,19 +88,31 @@ class AdminTokenController(Controller):
     ) -> TokenWithSecret:
         token = new_admin_token()
         async with vk.write(actor_id(request)) as tx:
+            if data.organization_id is not None:
+                await tx.get(
+                    Organization, data.organization_id, "organization", param="organization_id"
+                )
             if await tx.session.scalar(select(AdminToken.id).where(AdminToken.name == data.name)):
                 raise conflict(f"an admin token named {data.name!r} already exists", param="name")
             row = AdminToken(
                 id=new_id("tok"),
                 name=data.name,
                 role=data.role.value,
+                organization_id=data.organization_id,
                 token_hash=vk.hasher.of_secret(token),
                 prefix=display_prefix(token),
                 created_at=tx.clock.now(),
                 revoked_at=None,
             )
             tx.session.add(row)
-            await tx.audit("admin_token.create", "admin_token", row.id, None, {"role": row.role})
+            # A bound token's creation is its organization's entry: its admins see who got in.
+            await tx.audit(
+                "admin_token.create",
+                "admin_token",
+                row.id,
+                row.organization_id,
+                {"role": row.role},
+            )
         return TokenWithSecret(**msgspec.structs.asdict(token_read(row)), token=token)
 
     @get("/")
@@ -116,7 +133,7 @@ class AdminTokenController(Controller):
             row = await tx.get(AdminToken, token_id, "admin token")
             if row.revoked_at is None:
                 row.revoked_at = tx.clock.now()
-                await tx.audit("admin_token.revoke", "admin_token", row.id, None)
+                await tx.audit("admin_token.revoke", "admin_token", row.id, row.organization_id)
         return token_read(row)
 
 
@@ -128,7 +145,8 @@ async def audit_log(
     limit: FromQuery[int | None] = None,
     cursor: FromQuery[str | None] = None,
 ) -> Page[AuditRead]:
-    """Oldest first; `next_cursor` continues after the last entry shown."""
+    """Oldest first; `next_cursor` continues after the last entry shown. A token bound to an
+    organization sees that organization's entries only."""
     query = filtered(
         select(AuditEntry),
         {AuditEntry.organization_id: organization_id, AuditEntry.resource_id: resource_id},

@@ -117,15 +117,24 @@ def budget_update(
 
 @click.group("tokens")
 def tokens() -> None:
-    """Admin tokens (roles: admin, finance)."""
+    """Admin tokens (roles: admin, finance; optionally bound to one organization)."""
 
 
 @tokens.command("create")
 @click.option("--name", required=True)
 @click.option("--role", required=True, type=click.Choice(["admin", "finance"]))
+@click.option(
+    "--org",
+    "org_id",
+    help="Bind the token to this organization: it sees and changes only that organization's "
+    "resources, and cannot create organizations or manage tokens.",
+)
 @json_option
-def token_create(name: str, role: str, as_json: bool) -> None:
-    row = admin_client().post("/api/admin/tokens", {"name": name, "role": role})
+def token_create(name: str, role: str, org_id: str | None, as_json: bool) -> None:
+    body = {"name": name, "role": role}
+    if org_id is not None:
+        body["organization_id"] = org_id
+    row = admin_client().post("/api/admin/tokens", body)
     show(
         row if as_json else {k: v for k, v in row.items() if k != "token"},
         TOKEN_COLUMNS,
