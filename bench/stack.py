@@ -232,6 +232,8 @@ class Stack:
     controlplane: str
     """The control plane's base URL."""
     controlplane_pid: int = 0
+    controlplane_process: subprocess.Popen[bytes] | None = None
+    """The control plane's process, for a benchmark that stops it before the stack ends."""
     upstream: str = ""
     """nginx's base URL; empty when it was left out."""
     proxies: list[str] = field(default_factory=list)
@@ -265,6 +267,7 @@ def stack(log_level: str = "INFO", *, upstream: bool = True) -> Iterator[Stack]:
     try:
         with _upstream(upstream, work, env) as upstream_url, controlplane(work, env) as cp:
             running.upstream, running.controlplane_pid = upstream_url, cp.pid
+            running.controlplane_process = cp
             yield running
     except BaseException:
         print(f"services' logs kept in {work}", file=sys.stderr)
