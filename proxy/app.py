@@ -351,6 +351,8 @@ class ProxyApp(Litestar):
     def __init__(self, running: Running, **config: Any) -> None:
         super().__init__(**config)
         self._running = running
+        self.client_limits = running.settings.client_limits
+        """What the server's protocol (`proxy.http1`) lets one request cost before it is whole."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":

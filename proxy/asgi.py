@@ -119,6 +119,8 @@ def too_large(limit: int) -> ProxyError:
     return ProxyError(
         ErrorCode.PAYLOAD_TOO_LARGE,
         f"request body is larger than {limit} bytes (VKGATE_MAX_BODY_BYTES)",
+        # The rest of the body is not read: the connection ends with the answer.
+        headers=((b"connection", b"close"),),
     )
 
 

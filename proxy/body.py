@@ -21,6 +21,9 @@ class StreamOptions(msgspec.Struct):
 
 NonEmpty = msgspec.Meta(min_length=1)
 Model = Annotated[str, NonEmpty]
+# OpenAI's own API refuses a count above a 32-bit integer; a bound also keeps a worst-case
+# reservation (count times price) a number every counter store can hold.
+Count = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 
 
 class ChatFields(msgspec.Struct):
@@ -31,8 +34,8 @@ class ChatFields(msgspec.Struct):
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
     user: str | None = None
     # Bound what one request can cost: a budget reserves this much output (per choice).
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
 
 
@@ -45,7 +48,7 @@ class MessagesFields(msgspec.Struct):
 
     model: Model
     messages: Annotated[list[msgspec.Raw], NonEmpty]
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    max_tokens: Count
     stream: bool | None = None
     metadata: MessagesMetadata | None = None
 
@@ -56,6 +59,7 @@ class EmbeddingFields(msgspec.Struct):
     user: str | None = None
 
 
+TOO_DEEP = "request body is nested too deeply to be read"
 _chat = msgspec.json.Decoder(ChatFields)
 _embeddings = msgspec.json.Decoder(EmbeddingFields)
 _messages = msgspec.json.Decoder(MessagesFields)
@@ -79,9 +83,19 @@ F = TypeVar("F")
 
 def _decoded(decoder: msgspec.json.Decoder[F], body: bytes) -> F:
     try:
-        return decoder.decode(body)
+        fields = decoder.decode(body)
     except msgspec.DecodeError as exc:
         raise _refusal(exc) from None
+    except RecursionError:
+        raise invalid(TOO_DEEP) from None
+    if not body.isascii():
+        # JSON is UTF-8, and the fields skipped above (messages, unknown ones) were not checked:
+        # a provider that fails on them with a 5xx would count against its circuit breaker.
+        try:
+            body.decode()
+        except UnicodeDecodeError as exc:
+            raise invalid(f"request body is not valid UTF-8 (byte {exc.start})") from None
+    return fields
 
 
 def chat_fields(body: bytes) -> ChatFields:
@@ -164,6 +178,10 @@ def ask_for_usage(body: bytes, fields: ChatFields) -> bytes:
 
 
 def _document(body: bytes) -> dict[str, Any]:
-    document = msgspec.json.decode(body)
+    try:
+        document = msgspec.json.decode(body)
+    except RecursionError:
+        # Read once already, less deep in the stack; here a little deeper is too deep.
+        raise invalid(TOO_DEEP) from None
     assert isinstance(document, dict)  # the field decoders accepted it as an object
     return document

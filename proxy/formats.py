@@ -14,7 +14,7 @@ from typing import Protocol
 
 from proxy import body as B
 from proxy import usage as U
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, invalid
 from proxy.providers import Operation, Upstream
 from proxy.providers.base import WireFormat
 from proxy.sse import UsageChunkFilter
@@ -185,12 +185,16 @@ class ChatExchange:
         translated = self._translated.get(key)
         if translated is None:
             # Raises a 400 naming the field when the other format has no place for it.
-            if self.client is WireFormat.OPENAI:
-                translated = openai_anthropic.request(self._body, upstream.model)
-            else:
-                translated = anthropic_openai.request(
-                    self._body, upstream.model, max_tokens_field=_MAX_TOKENS[upstream.kind]
-                )
+            try:
+                if self.client is WireFormat.OPENAI:
+                    translated = openai_anthropic.request(self._body, upstream.model)
+                else:
+                    translated = anthropic_openai.request(
+                        self._body, upstream.model, max_tokens_field=_MAX_TOKENS[upstream.kind]
+                    )
+            except RecursionError:
+                # Read once already, less deep in the stack; here a little deeper is too deep.
+                raise invalid(B.TOO_DEEP) from None
             self._translated[key] = translated
         return translated
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.http1 import DEFAULT_MAX_HEADER_BYTES, DEFAULT_READ_TIMEOUT_S, ClientLimits
 from proxy.spend.spool import REPLICA_ID, FullPolicy
 from vkgate import env as E
 
@@ -26,6 +27,11 @@ class ProxySettings:
     port: int = 5563
     controlplane_url: str = DEFAULT_CONTROLPLANE_URL
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    """A request's line and headers together; more is refused with a 431."""
+    client_read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    """A request must arrive whole (head and body) within this long of its first byte, or of
+    the connection; a client slower than that is cut off (after at most twice this long)."""
     connect_timeout_s: float = 10.0
     first_byte_timeout_s: float = 120.0
     """Also bounds any silence between two chunks of a stream."""
@@ -82,6 +88,10 @@ class ProxySettings:
     """Output a budget reserves for a request naming no `max_tokens`, when the model's own
     output cap is unknown."""
 
+    @property
+    def client_limits(self) -> ClientLimits:
+        return ClientLimits(self.max_header_bytes, self.client_read_timeout_s)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
         E.check_unknown(env)
@@ -101,6 +111,12 @@ class ProxySettings:
             controlplane_url=url,
             max_body_bytes=E.integer(
                 env, "VKGATE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024
+            ),
+            max_header_bytes=E.integer(
+                env, "VKGATE_MAX_HEADER_BYTES", DEFAULT_MAX_HEADER_BYTES, minimum=1024
+            ),
+            client_read_timeout_s=_seconds(
+                env, "VKGATE_CLIENT_READ_TIMEOUT_SECONDS", DEFAULT_READ_TIMEOUT_S
             ),
             connect_timeout_s=_seconds(env, "VKGATE_PROVIDER_CONNECT_TIMEOUT_SECONDS", 10.0),
             first_byte_timeout_s=_seconds(env, "VKGATE_PROVIDER_FIRST_BYTE_TIMEOUT_SECONDS", 120.0),

@@ -121,7 +121,8 @@ class FakeProvider:
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)
             await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):
+            # A reset, or the connection lost while a write waited for the client to read.
             self.stream_cancelled.set()
             raise
         return response
