@@ -18,6 +18,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -43,6 +44,8 @@ so spend keeps counting through an outage."""
 WINDOW_MARGIN_S = 2 * 86_400.0
 """How long a closed window's counters are kept (a request that started in it may still settle)."""
 END_USER_SPEND_TTL_S = 60.0
+KEPT_BUCKETS = 100_000
+"""Budget buckets kept for reuse (one per rule and window) before they are all dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +106,10 @@ class BucketSpendSource(Protocol):
     async def bucket_spend(self, budget_id: str, end_user: str) -> BudgetBucketSpend: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Worst:
-    """What a request asks for, to price its worst case on each credential."""
+    """What a request asks for, to price its worst case on each credential (built per request:
+    not frozen, see `proxy.limits.store`)."""
 
     input_tokens: int
     output_tokens: int | None
@@ -150,6 +154,11 @@ class BudgetAsk:
         """What each bucket is charged when `provider_id` served for `cost` (none served: 0)."""
         if provider_id is None:
             return [0] * len(self.buckets)
+        if not self.groups:
+            charged: list[int] = []
+            for b in self.buckets:
+                charged.append(cost if b.group == 0 else 0)
+            return charged
         providers = {g: p for p, g in self.groups.items()}
         return [
             cost if b.group == 0 or providers.get(b.group) == provider_id else 0
@@ -181,12 +190,16 @@ class BudgetGuard:
         """(budget, window, end user) → (ledger nanos, as of, fetched at monotonic)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._windows: dict[str, tuple[float | None, float | None]] = {}
+        self._kept: dict[int, tuple[BudgetRule, float | None, int, BudgetBucket]] = {}
+        """id(rule) → (rule, window start, group, its bucket): see `_bucket_of`."""
         self._windows_until = 0.0
 
-    def _current_windows(self) -> dict[str, tuple[float | None, float | None]]:
-        """Each window's (start, end) now, in unix seconds; worked out again at the next end."""
-        moment = self._clock.now()
-        if moment.timestamp() >= self._windows_until:
+    def _current_windows(
+        self, moment: datetime, now: float
+    ) -> dict[str, tuple[float | None, float | None]]:
+        """Each window's (start, end) at `moment` (`now` in unix seconds); worked out again at
+        the next end."""
+        if now >= self._windows_until:
             windows: dict[str, tuple[float | None, float | None]] = {}
             for window in WINDOWS:
                 start, end = window_bounds(window, moment)
@@ -195,6 +208,8 @@ class BudgetGuard:
                     end.timestamp() if end else None,
                 )
             self._windows = windows
+            # Buckets of the windows that ended, and of rules no bundle holds any more, go.
+            self._kept.clear()
             # A clock set back (tests, or a corrected host clock) is caught at the next day.
             self._windows_until = windows["day"][1] or 0.0
         return self._windows
@@ -210,7 +225,20 @@ class BudgetGuard:
 
         Raises `400 end_user_required` for a per-end-user budget and no end user.
         """
-        windows = self._current_windows()
+        moment = self._clock.now()
+        return await self.ask_at(rules, chain, end_user, worst, moment, moment.timestamp())
+
+    async def ask_at(
+        self,
+        rules: Sequence[BudgetRule],
+        chain: tuple[Upstream, ...],
+        end_user: str | None,
+        worst: Worst,
+        moment: datetime,
+        now: float,
+    ) -> BudgetAsk | None:
+        """`ask` at `moment` (`now`: the same in unix seconds), read once by the caller."""
+        windows = self._current_windows(moment, now)
         groups: dict[str, int] = {}
         buckets: list[BudgetBucket] = []
         applied: list[BudgetRule] = []
@@ -232,40 +260,84 @@ class BudgetGuard:
                     continue
                 group = groups.setdefault(rule.provider_id, len(groups) + 1)
             start_ts, end_ts = windows[rule.window]
-            key = f"bg:{rule.budget_id}:{'total' if start_ts is None else int(start_ts)}"
             if rule.per_end_user:
                 assert end_user is not None
-                key += ":" + hashlib.blake2b(end_user.encode(), digest_size=12).hexdigest()
-                ledger, as_of = await self._end_user_ledger(rule, end_user, start_ts)
-            elif rule.ledger_window == start_ts:
-                ledger, as_of = rule.ledger_nanos, rule.ledger_as_of
+                bucket = await self._end_user_bucket(rule, end_user, group, start_ts, end_ts)
             else:
-                # A bundle built in an earlier window says nothing of this one.
-                ledger, as_of = 0, 0.0
-            buckets.append(
-                BudgetBucket(
-                    key=key,
-                    limit_nanos=rule.limit_nanos,
-                    ledger_nanos=ledger,
-                    ledger_as_of=as_of,
-                    blocking=rule.blocking,
-                    group=group,
-                    expires_at=None if end_ts is None else end_ts + WINDOW_MARGIN_S,
-                )
-            )
+                bucket = self._bucket_of(rule, group, start_ts, end_ts)
+            buckets.append(bucket)
             applied.append(rule)
         if not buckets:
             return None
+        default_output = self._default_output
         by_provider: dict[str, int] = {}
         for upstream in chain:
-            cost = worst.cost(upstream, self._default_output)
-            if cost > by_provider.get(upstream.provider_id, -1):
-                by_provider[upstream.provider_id] = cost
-        by_group = {0: max(by_provider.values())}
+            cost = worst.cost(upstream, default_output)
+            provider_id = upstream.provider_id
+            if cost > by_provider.get(provider_id, -1):
+                by_provider[provider_id] = cost
+        most = max(by_provider.values())
+        if not groups:
+            # Every bucket is of group 0.
+            return BudgetAsk(buckets, [most] * len(buckets), applied, groups, by_provider)
+        by_group = {0: most}
         for provider_id, group in groups.items():
             by_group[group] = by_provider[provider_id]
         amounts = [by_group[b.group] for b in buckets]
         return BudgetAsk(buckets, amounts, applied, groups, by_provider)
+
+    async def _end_user_bucket(
+        self,
+        rule: BudgetRule,
+        end_user: str,
+        group: int,
+        start_ts: float | None,
+        end_ts: float | None,
+    ) -> BudgetBucket:
+        """One end user's share of a per-end-user budget, in the window from `start_ts`."""
+        key = (
+            f"bg:{rule.budget_id}:{'total' if start_ts is None else int(start_ts)}:"
+            + hashlib.blake2b(end_user.encode(), digest_size=12).hexdigest()
+        )
+        ledger, as_of = await self._end_user_ledger(rule, end_user, start_ts)
+        return BudgetBucket(
+            key,
+            rule.limit_nanos,
+            ledger,
+            as_of,
+            rule.blocking,
+            group,
+            None if end_ts is None else end_ts + WINDOW_MARGIN_S,
+        )
+
+    def _bucket_of(
+        self, rule: BudgetRule, group: int, start_ts: float | None, end_ts: float | None
+    ) -> BudgetBucket:
+        """The bucket of a rule not per end user in the window from `start_ts`: the same for
+        every request of the window (and of the bundle the rule came with), so kept, and shared
+        by those requests (nothing changes a bucket once built)."""
+        kept = self._kept.get(id(rule))
+        # The entry holds `rule`: while it is kept, no other object can have its id.
+        if kept is not None and kept[0] is rule and kept[1] == start_ts and kept[2] == group:
+            return kept[3]
+        if rule.ledger_window == start_ts:
+            ledger, as_of = rule.ledger_nanos, rule.ledger_as_of
+        else:
+            # A bundle built in an earlier window says nothing of this one.
+            ledger, as_of = 0, 0.0
+        bucket = BudgetBucket(
+            f"bg:{rule.budget_id}:{'total' if start_ts is None else int(start_ts)}",
+            rule.limit_nanos,
+            ledger,
+            as_of,
+            rule.blocking,
+            group,
+            None if end_ts is None else end_ts + WINDOW_MARGIN_S,
+        )
+        if len(self._kept) >= KEPT_BUCKETS:
+            self._kept.clear()
+        self._kept[id(rule)] = (rule, start_ts, group, bucket)
+        return bucket
 
     @staticmethod
     def retry_without_groups(
@@ -291,11 +363,17 @@ class BudgetGuard:
         if not reservation.admitted:
             at = reservation.refused or 0
             raise _exceeded(ask.rules[at], reservation.levels[at], ask.amounts[at])
-        warnings = [
-            f"{rule.label} is at {level * 100 // max(rule.limit_nanos, 1)}% of {rule.limit_usd} USD"
-            for rule, level in zip(ask.rules, reservation.levels, strict=True)
-            if not rule.blocking and level >= rule.limit_nanos * WARN_AT
-        ]
+        warnings: list[str] = []
+        levels = reservation.levels
+        if len(levels) != len(ask.rules):
+            raise ValueError("one level per budget rule")
+        for i, rule in enumerate(ask.rules):
+            level = levels[i]
+            if not rule.blocking and level >= rule.limit_nanos * WARN_AT:
+                warnings.append(
+                    f"{rule.label} is at {level * 100 // max(rule.limit_nanos, 1)}% of "
+                    f"{rule.limit_usd} USD"
+                )
         if ask.groups:
             out = {p for p, g in ask.groups.items() if g not in reservation.groups}
             chain = tuple(u for u in chain if u.provider_id not in out)
@@ -307,7 +385,13 @@ class BudgetGuard:
         the ledger has it."""
         if seq is None:
             return
-        charged = [(b.key, holder) for b, c in zip(ask.buckets, costs, strict=True) if c]
+        buckets = ask.buckets
+        if len(costs) != len(buckets):
+            raise ValueError("one cost per budget bucket")
+        charged: list[tuple[str, str]] = []
+        for i, c in enumerate(costs):
+            if c:
+                charged.append((buckets[i].key, holder))
         if charged:
             heapq.heappush(self._pending, (seq, next(self._tiebreak), charged))
 

@@ -34,9 +34,10 @@ _INLINE_DATA = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prompt:
-    """A request body's prompt, sized in microseconds where a tokenizer takes tens."""
+    """A request body's prompt, sized in microseconds where a tokenizer takes tens (built per
+    request: not frozen, see `proxy.limits.store`)."""
 
     size: int
     """Bytes of the body, inline data left out."""
@@ -73,7 +74,9 @@ class Rates:
     def cost(self, input: int, output: int, cache_read: int = 0, cache_write: int = 0) -> int:
         """Nano-USD for these counts; `input` includes cache reads and writes (the records'
         convention), so only the rest is charged at the input rate."""
-        uncached = max(input - cache_read - cache_write, 0)
+        uncached = input - cache_read - cache_write
+        if uncached < 0:
+            uncached = 0
         micro = (
             uncached * self.input
             + output * self.output

@@ -22,13 +22,11 @@ _TOKENS, _SLOTS, _BUDGETS = 0, 1, 2
 """What a forgetting schedule entry is about (its kind)."""
 
 
-@dataclass(slots=True)
-class _Tokens:
-    level: float
-    at: float
-    """When `level` was measured (the latest `now` seen, so a clock behind refills nothing)."""
-    full_at: float
-    """From then on the bucket equals one never seen, so its state can go."""
+_Tokens = tuple[float, float, float]
+"""A bucket's state: (level, at, full_at). `level` was measured at `at` (the latest `now` seen,
+so a clock behind refills nothing); from `full_at` on the bucket equals one never seen, so its
+state can go. A tuple, not a dataclass: a request may make one per bucket, and a tuple is built
+in a fraction of the instructions."""
 
 
 @dataclass(slots=True)
@@ -77,8 +75,9 @@ class _Budget:
         return first
 
     def purge(self, now: float) -> None:
-        while self.deadlines and self.deadlines[0][0] <= now:
-            deadline, settled, request_id = heapq.heappop(self.deadlines)
+        deadlines = self.deadlines
+        while deadlines and deadlines[0][0] <= now:
+            deadline, settled, request_id = heapq.heappop(deadlines)
             entries = self.unacked if settled else self.open
             entry = entries.get(request_id)
             if entry is None or entry[1] != deadline:
@@ -88,6 +87,8 @@ class _Budget:
                 self.unacked_sum -= entry[0]
             else:
                 self.open_sum -= entry[0]
+        if not self.acked_seconds:
+            return
         first = self.acked_from(now)
         while self.acked_seconds and self.acked_seconds[0] < first:
             self.acked_sum -= self.acked.pop(heapq.heappop(self.acked_seconds))
@@ -142,6 +143,9 @@ class LocalCounters:
     commit, so each call is atomic. State that equals "never seen" (a full token bucket, a
     window past `expires_at`, slots all released or lapsed) is forgotten, so memory follows
     the keys in use rather than every key ever seen.
+
+    Every request passes through `admit` and `finish`: their loops are written out (no
+    comprehensions, no `zip`), which measured a good part of a governed request's cost.
     """
 
     def __init__(self) -> None:
@@ -151,7 +155,8 @@ class LocalCounters:
         # At most one entry per (kind, key): a popped entry whose state lives on is pushed again
         # with its new time, so the heap never grows with the number of calls.
         self._forget: list[tuple[float, int, str]] = []
-        self._scheduled: set[tuple[int, str]] = set()
+        self._scheduled: tuple[set[str], set[str], set[str]] = (set(), set(), set())
+        """The keys with an entry in `_forget`, by kind."""
 
     async def admit(
         self,
@@ -163,7 +168,9 @@ class LocalCounters:
         lease_s: float,
         now: float,
     ) -> Admission:
-        self._sweep(now)
+        forget = self._forget
+        if forget and forget[0][0] <= now:
+            self._sweep(now)
         # Every step is checked before anything is written (the reservation, last, writes
         # only when it admits), so a refusal has nothing to give back.
         levels = None
@@ -173,18 +180,19 @@ class LocalCounters:
                 return Admission(levels)
         for i, s in enumerate(slots):
             if not self._slot_free(s, request_id, now):
-                return Admission(levels, slots_refused=i)
+                return Admission(levels, i)
         reservation = None
         if budgets:
             reservation = self._reserve(request_id, budgets, amounts, lease_s, now)
             if not reservation.admitted:
-                return Admission(levels, reservation=reservation)
+                return Admission(levels, None, reservation)
         if levels is not None:
-            for b, level in zip(buckets, levels.remaining, strict=True):
-                self._store(b, level, now)
+            remaining = levels.remaining
+            for i, b in enumerate(buckets):
+                self._store(b, remaining[i], now)
         for s in slots:
             self._hold(s, request_id, now)
-        return Admission(levels, reservation=reservation)
+        return Admission(levels, None, reservation)
 
     async def finish(
         self,
@@ -196,18 +204,23 @@ class LocalCounters:
         hold_s: float,
         now: float,
     ) -> None:
-        self._sweep(now)
-        self._adjust(adjust, now)
+        forget = self._forget
+        if forget and forget[0][0] <= now:
+            self._sweep(now)
+        if adjust:
+            self._adjust(adjust, now)
         for s in slots:
             self._release(s, request_id)
-        self._settle(request_id, budgets, costs, hold_s, now)
+        if budgets or costs:
+            self._settle(request_id, budgets, costs, hold_s, now)
 
     async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
         self._sweep(now)
         levels = self._take(buckets, now)
         if levels.admitted:
-            for b, level in zip(buckets, levels.remaining, strict=True):
-                self._store(b, level, now)
+            remaining = levels.remaining
+            for i, b in enumerate(buckets):
+                self._store(b, remaining[i], now)
         return levels
 
     async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
@@ -261,15 +274,40 @@ class LocalCounters:
     def _take(self, buckets: Sequence[Bucket], now: float) -> Levels:
         """`take`'s check: the levels after it when it admits (nothing is stored yet), the
         levels as they are when it refuses."""
-        levels = [self._refilled(b, now) for b in buckets]
-        refused = next((i for i, b in enumerate(buckets) if levels[i] < b.cost), None)
-        if refused is None:
-            levels = [level - b.cost for b, level in zip(buckets, levels, strict=True)]
-        return levels_of(buckets, levels, refused)
+        tokens = self._tokens
+        after: list[float] = []
+        reset: list[float] = []
+        refused = None
+        for i, b in enumerate(buckets):
+            capacity, per_second, cost = b.capacity, b.per_second, b.cost
+            # `_refilled`, written out.
+            state = tokens.get(b.key)
+            if state is None:
+                level = capacity
+            else:
+                level, at, _ = state
+                elapsed = now - at
+                level += (elapsed if elapsed > 0.0 else 0.0) * per_second
+                if not level < capacity:
+                    level = capacity
+            if refused is None and level < cost:
+                refused = i
+            left = level - cost
+            after.append(left)
+            # `until_full(b, left)`, for `levels_of` when it admits.
+            if left >= capacity:
+                reset.append(0.0)
+            else:
+                reset.append((capacity - left) / per_second if per_second > 0 else math.inf)
+        if refused is not None:
+            found = [self._refilled(b, now) for b in buckets]
+            return levels_of(buckets, found, refused)
+        return Levels(True, tuple(after), tuple(reset), 0.0, None)
 
     def _adjust(self, buckets: Sequence[Bucket], now: float) -> None:
         for b in buckets:
-            self._store(b, min(b.capacity, self._refilled(b, now) - b.cost), now)
+            level = self._refilled(b, now) - b.cost
+            self._store(b, level if level < b.capacity else b.capacity, now)
 
     def _slot_free(self, slots: Slots, request_id: str, now: float) -> bool:
         """Whether `request_id` holds a slot, or may take one."""
@@ -311,9 +349,18 @@ class LocalCounters:
         lease_s: float,
         now: float,
     ) -> Reservation:
-        states = [self._budget(b, now) for b in buckets]
-        levels = [s.level() for s in states]
-        if any(s.holds(request_id) for s in states):
+        states: list[_Budget] = []
+        levels: list[int] = []
+        repeat = grouped = False
+        for b in buckets:
+            state = self._budget(b, now)
+            states.append(state)
+            levels.append(state.base + state.unacked_sum + state.acked_sum + state.open_sum)
+            if request_id in state.open or request_id in state.unacked:
+                repeat = True
+            if b.group != 0:
+                grouped = True
+        if repeat:
             # A repeat (say, a retry after a timeout): report what the first call did.
             return Reservation(
                 admitted=True,
@@ -324,21 +371,32 @@ class LocalCounters:
                 ),
                 levels=tuple(levels),
             )
-        refusing = [
-            b.blocking and level + amount > b.limit_nanos
-            for b, level, amount in zip(buckets, levels, amounts, strict=True)
-        ]
-        refused, survivors = _decide(buckets, refusing)
+        if len(amounts) != len(buckets):
+            raise ValueError("one amount per budget bucket")
+        refused: int | None = None
+        survivors = _NO_GROUPS
+        if grouped:
+            refusing = [
+                b.blocking and level + amount > b.limit_nanos
+                for b, level, amount in zip(buckets, levels, amounts, strict=True)
+            ]
+            refused, survivors = _decide(buckets, refusing)
+        else:
+            # Every bucket applies whichever provider serves: the first blocking one without
+            # room refuses (`_decide` without groups).
+            for i, b in enumerate(buckets):
+                if b.blocking and levels[i] + amounts[i] > b.limit_nanos:
+                    refused = i
+                    break
         if refused is not None:
-            return Reservation(
-                admitted=False, groups=frozenset(), levels=tuple(levels), refused=refused
-            )
+            return Reservation(False, _NO_GROUPS, tuple(levels), refused)
         deadline = now + lease_s
-        for i, (b, state) in enumerate(zip(buckets, states, strict=True)):
+        for i, b in enumerate(buckets):
             if b.group == 0 or b.group in survivors:
-                state.reserve(request_id, amounts[i], deadline)
-                levels[i] += amounts[i]
-        return Reservation(admitted=True, groups=survivors, levels=tuple(levels))
+                amount = amounts[i]
+                states[i].reserve(request_id, amount, deadline)
+                levels[i] += amount
+        return Reservation(True, survivors, tuple(levels))
 
     def _settle(
         self,
@@ -348,51 +406,73 @@ class LocalCounters:
         hold_s: float,
         now: float,
     ) -> None:
+        if len(costs) != len(buckets):
+            raise ValueError("one cost per budget bucket")
         deadline = now + hold_s
-        for b, cost in zip(buckets, costs, strict=True):
-            self._budget(b, now).settle(request_id, cost, deadline)
+        for i, b in enumerate(buckets):
+            self._budget(b, now).settle(request_id, costs[i], deadline)
 
     def _refilled(self, bucket: Bucket, now: float) -> float:
         state = self._tokens.get(bucket.key)
         if state is None:
             return bucket.capacity
-        elapsed = max(0.0, now - state.at)
-        return min(bucket.capacity, state.level + elapsed * bucket.per_second)
+        level, at, _ = state
+        elapsed = now - at
+        level += (elapsed if elapsed > 0.0 else 0.0) * bucket.per_second
+        return level if level < bucket.capacity else bucket.capacity
 
     def _store(self, bucket: Bucket, level: float, now: float) -> None:
-        old = self._tokens.get(bucket.key)
-        if level >= bucket.capacity:
-            self._tokens.pop(bucket.key, None)
+        key, capacity = bucket.key, bucket.capacity
+        if level >= capacity:
+            self._tokens.pop(key, None)
             return
-        at = now if old is None else max(old.at, now)
-        full_at = at + until_full(bucket, level)
-        self._tokens[bucket.key] = _Tokens(level, at, full_at)
-        self._schedule(_TOKENS, bucket.key, full_at)
+        old = self._tokens.get(key)
+        # `until_full`, for a level below capacity.
+        per_second = bucket.per_second
+        to_full = (capacity - level) / per_second if per_second > 0 else math.inf
+        at = now if old is None or now > old[1] else old[1]
+        full_at = at + to_full
+        self._tokens[key] = (level, at, full_at)
+        scheduled = self._scheduled[_TOKENS]
+        if key not in scheduled:
+            scheduled.add(key)
+            heapq.heappush(self._forget, (full_at, _TOKENS, key))
 
     def _budget(self, bucket: BudgetBucket, now: float) -> _Budget:
         """The bucket's state, with a newer ledger figure as its base, purged of what lapsed."""
-        state = self._budgets.get(bucket.key)
+        key, expires_at = bucket.key, bucket.expires_at
+        state = self._budgets.get(key)
         if state is None or (state.expires_at is not None and state.expires_at <= now):
-            state = _Budget(expires_at=bucket.expires_at)
-            self._budgets[bucket.key] = state
-        state.take_figure(bucket.ledger_nanos, bucket.ledger_as_of)
-        state.expires_at = bucket.expires_at
-        if bucket.expires_at is not None:
-            self._schedule(_BUDGETS, bucket.key, bucket.expires_at)
+            state = _Budget(expires_at=expires_at)
+            self._budgets[key] = state
+        as_of = bucket.ledger_as_of
+        if state.as_of is None or as_of > state.as_of:
+            # `take_figure`
+            state.base = bucket.ledger_nanos
+            state.as_of = as_of
+        state.expires_at = expires_at
+        if expires_at is not None:
+            self._schedule(_BUDGETS, key, expires_at)
         state.purge(now)
         return state
 
     def _schedule(self, kind: int, key: str, when: float) -> None:
-        if (kind, key) not in self._scheduled:
-            self._scheduled.add((kind, key))
+        scheduled = self._scheduled[kind]
+        if key not in scheduled:
+            scheduled.add(key)
             heapq.heappush(self._forget, (when, kind, key))
 
     def _sweep(self, now: float) -> None:
         """Forget what has come to equal "never seen" by `now`."""
-        while self._forget and self._forget[0][0] <= now:
-            _, kind, key = heapq.heappop(self._forget)
-            self._scheduled.discard((kind, key))
-            when = self._forget_at(kind, key)
+        forget = self._forget
+        while forget and forget[0][0] <= now:
+            _, kind, key = heapq.heappop(forget)
+            self._scheduled[kind].discard(key)
+            if kind == _TOKENS:
+                tokens = self._tokens.get(key)
+                when = None if tokens is None else tokens[2]
+            else:
+                when = self._forget_at(kind, key)
             if when is None:
                 continue
             if when > now:
@@ -407,12 +487,15 @@ class LocalCounters:
     def _forget_at(self, kind: int, key: str) -> float | None:
         if kind == _TOKENS:
             tokens = self._tokens.get(key)
-            return None if tokens is None else tokens.full_at
+            return None if tokens is None else tokens[2]
         if kind == _SLOTS:
             held = self._slots.get(key)
             return None if held is None else max(held.values(), default=-math.inf)
         budget = self._budgets.get(key)
         return None if budget is None else budget.expires_at
+
+
+_NO_GROUPS: frozenset[int] = frozenset()
 
 
 def _decide(
@@ -436,19 +519,27 @@ def _decide(
 def levels_of(buckets: Sequence[Bucket], levels: Sequence[float], refused: int | None) -> Levels:
     """What a take reports, from the levels it left (found, when refused): shared with
     `RedisCounters`, whose script returns just the levels."""
-    return Levels(
-        admitted=refused is None,
-        remaining=tuple(levels),
-        reset_s=tuple(until_full(b, level) for b, level in zip(buckets, levels, strict=True)),
-        retry_after_s=0.0
-        if refused is None
-        else max(
-            until_holds(b, level)
-            for b, level in zip(buckets, levels, strict=True)
-            if level < b.cost
-        ),
-        refused=refused,
-    )
+    if len(levels) != len(buckets):
+        raise ValueError("one level per bucket")
+    reset: list[float] = []
+    retry_after: float | None = None
+    for i, b in enumerate(buckets):
+        level = levels[i]
+        capacity, per_second = b.capacity, b.per_second
+        # `until_full`
+        if level >= capacity:
+            reset.append(0.0)
+        else:
+            reset.append((capacity - level) / per_second if per_second > 0 else math.inf)
+        if refused is not None and level < b.cost:
+            wait = until_holds(b, level)
+            if retry_after is None or wait > retry_after:
+                retry_after = wait
+    if refused is None:
+        retry_after = 0.0
+    elif retry_after is None:
+        raise ValueError("a refused take names no bucket short of its cost")
+    return Levels(refused is None, tuple(levels), tuple(reset), retry_after, refused)
 
 
 def until_full(bucket: Bucket, level: float) -> float:

@@ -9,13 +9,13 @@ in one more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from proxy.errors import ProxyError
 from proxy.limits.budgets import HOLD_S, BudgetAsk, BudgetGuard, BudgetRule, Worst
 from proxy.limits.rates import Headers, RatePlan
-from proxy.limits.store import Admission, BudgetBucket, Counters
+from proxy.limits.store import Admission, Bucket, BudgetBucket, Counters, Slots
 from proxy.providers import Upstream
 from vkgate.clock import Clock
 from vkgate.spend import SpendRecord
@@ -65,19 +65,29 @@ class Governor:
         `400 end_user_required`). With an empty chain (the model was refused) only the rate
         limits are taken: the caller raises its own refusal after."""
         tokens = estimate + (worst.output_tokens or 0)
-        ask = await self.budgets.ask(rules, chain, end_user, worst) if rules and chain else None
-        admission = await self._admit(holder, plan, tokens, ask, chain)
+        # One reading of the clock for the whole admission: the budgets' windows and the
+        # counters see the same moment.
+        moment = self._clock.now()
+        now = moment.timestamp()
+        ask = (
+            await self.budgets.ask_at(rules, chain, end_user, worst, moment, now)
+            if rules and chain
+            else None
+        )
+        admission = await self._admission(holder, plan, tokens, ask, chain, now)
         if (
             ask is not None
             and admission.reservation is not None
+            and admission.reservation.refused is not None
             and (retry := self.budgets.retry_without_groups(ask, admission.reservation, chain))
         ):
             # Every provider with a filtered budget is out; the rest of the chain may serve.
             ask, chain = retry
-            admission = await self._admit(holder, plan, tokens, ask, chain)
-        headers = plan.headers(admission.levels) if plan is not None else ()
-        if plan is not None and admission.levels is not None and not admission.levels.admitted:
-            raise plan.refusal(admission.levels, tokens, headers)
+            admission = await self._admission(holder, plan, tokens, ask, chain, now)
+        levels = admission.levels
+        headers = plan.headers(levels) if plan is not None else ()
+        if plan is not None and levels is not None and not levels.admitted:
+            raise plan.refusal(levels, tokens, headers)
         if plan is not None and admission.slots_refused is not None:
             raise plan.slots_refusal(admission.slots_refused, headers)
         hold = Hold(holder, plan, tokens, ask, chain, headers)
@@ -97,23 +107,30 @@ class Governor:
             hold.headers = (*headers, (WARNING_HEADER, warning))
         return hold
 
-    async def _admit(
+    def _admission(
         self,
         holder: str,
         plan: RatePlan | None,
         tokens: int,
         ask: BudgetAsk | None,
         chain: tuple[Upstream, ...],
-    ) -> Admission:
-        return await self._counters.admit(
+        now: float,
+    ) -> Awaitable[Admission]:
+        """The counters' `admit` call, awaited by the caller (no coroutine of its own)."""
+        if plan is None:
+            buckets: Sequence[Bucket] = ()
+            slots: Sequence[Slots] = ()
+        else:
+            buckets, slots = plan.buckets(tokens), plan.slots
+        return self._counters.admit(
             holder,
-            plan.buckets(tokens) if plan is not None else (),
-            plan.slots if plan is not None else (),
+            buckets,
+            slots,
             ask.buckets if ask is not None else _NO_BUDGETS,
             ask.amounts if ask is not None else _NO_AMOUNTS,
             # Every credential of the chain may take its whole timeout.
-            self._lease_s * max(1, len(chain)),
-            self._clock.now().timestamp(),
+            self._lease_s * (len(chain) or 1),
+            now,
         )
 
     async def finish(self, hold: Hold, record: SpendRecord | None, served: Upstream | None) -> None:

