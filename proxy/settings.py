@@ -153,7 +153,7 @@ class ProxySettings:
             replica_id=_replica_id(env),
             redis_url=_redis_url(env),
             redis_timeout_s=_seconds(env, "VKGATE_REDIS_TIMEOUT_SECONDS", 0.5),
-            trusted_proxy_cidrs=_cidrs(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
+            trusted_proxy_cidrs=E.networks(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
             invalid_key_cache_s=_seconds(env, "VKGATE_INVALID_KEY_CACHE_SECONDS", 30.0),
             invalid_keys_per_minute=E.integer(env, "VKGATE_INVALID_KEYS_PER_MINUTE", 60, minimum=1),
             max_in_flight=E.integer(env, "VKGATE_MAX_IN_FLIGHT", 2048, minimum=1),
@@ -239,21 +239,3 @@ def _redis_url(env: Mapping[str, str]) -> str | None:
         # The URL may hold a password: not repeated in the message.
         raise E.SettingError("VKGATE_REDIS_URL must be a redis://, rediss:// or unix:// URL")
     return url
-
-
-def _cidrs(
-    env: Mapping[str, str], name: str
-) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    raw = E.string(env, name) or ""
-    networks = []
-    for part in (p.strip() for p in raw.split(",")):
-        if not part:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(part, strict=False))
-        except ValueError:
-            raise E.SettingError(
-                f"{name} must be a comma-separated list of CIDRs (10.0.0.0/8, ::1/128), "
-                f"got {part!r}"
-            ) from None
-    return tuple(networks)
