@@ -25,7 +25,7 @@ from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Ups
 from proxy.providers.base import Reply
 from proxy.spend.estimate import estimate_tokens
 from proxy.telemetry.tracing import RequestSpan, end_attempt
-from proxy.usage import TokenUsage
+from proxy.usage import MalformedAnswer, TokenUsage
 from vkgate.errors import ErrorCode
 from vkgate.logs import event
 
@@ -70,7 +70,7 @@ class Outcome:
             self.on_answered()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Committed:
     """The answer the client gets; for a stream, its first chunk and the iterator of the rest."""
 
@@ -78,6 +78,8 @@ class _Committed:
     reply: Reply
     data: bytes | None = None
     """A plain answer's whole body, read before it was committed to."""
+    used: tuple[TokenUsage | None, str | None] = (None, None)
+    """What the plain answer used, and the model that served it."""
     first: bytes = b""
     rest: AsyncIterator[bytes] | None = None
 
@@ -245,8 +247,15 @@ class _Walk:
                 return None
             finally:
                 reply.close()
+            try:
+                used = exchange.usage_of(upstream, status, data)
+            except MalformedAnswer:
+                # A 2xx that is no answer (an HTML error page, a body cut short): fallen
+                # through and counted a failure, as a 5xx would be.
+                self._failed(upstream, breaker, status, ErrorCode.PROVIDER_ERROR)
+                return None
             breaker.succeeded()
-            return _Committed(upstream, reply, data=data)
+            return _Committed(upstream, reply, data=data, used=used)
         rest = reply.chunks()
         try:
             first = await _first_chunk(rest)
@@ -440,7 +449,7 @@ class Dispatcher:
         data = committed.data
         if data is None:  # a lone 429, passed through
             data = await _read(upstream, reply)
-        outcome.usage, outcome.served_model = exchange.usage_of(upstream, reply.status, data)
+        outcome.usage, outcome.served_model = committed.used
         if outcome.usage is None and reply.status < 300:
             outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
         body = exchange.render(upstream, reply.status, data)
@@ -500,6 +509,8 @@ class Dispatcher:
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             outcome.first_byte_at = self._now()
+            # One event is about one token for a provider that reports no usage.
+            outcome.estimated_output_tokens += committed.first.count(b"\n\n") or 1
             data = pipe.feed(committed.first)
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})

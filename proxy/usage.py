@@ -68,12 +68,20 @@ class _OpenAIAnswer(msgspec.Struct):
 _openai_answer = msgspec.json.Decoder(_OpenAIAnswer)
 
 
+class MalformedAnswer(Exception):
+    """A provider's 2xx answer that is not JSON at all (an HTML error page, a body cut short):
+    no answer to pass on, but the provider failing."""
+
+
 def openai_answer(data: bytes) -> tuple[TokenUsage | None, str | None]:
-    """Usage and served model of an OpenAI chat completion or embeddings answer body."""
+    """Usage and served model of an OpenAI chat completion or embeddings answer body;
+    `MalformedAnswer` when the body is not JSON."""
     try:
         answer = _openai_answer.decode(data)
+    except (msgspec.ValidationError, RecursionError):
+        return None, None  # JSON, shaped otherwise than expected: its usage is estimated
     except msgspec.DecodeError:
-        return None, None
+        raise MalformedAnswer from None
     return (from_openai(answer.usage) if answer.usage else None), answer.model
 
 
@@ -140,11 +148,14 @@ _anthropic_answer = msgspec.json.Decoder(_AnthropicAnswer)
 
 
 def anthropic_answer(data: bytes) -> tuple[TokenUsage | None, str | None]:
-    """Usage and served model of an Anthropic message body."""
+    """Usage and served model of an Anthropic message body; `MalformedAnswer` when the body is
+    not JSON."""
     try:
         answer = _anthropic_answer.decode(data)
+    except (msgspec.ValidationError, RecursionError):
+        return None, None  # JSON, shaped otherwise than expected: its usage is estimated
     except msgspec.DecodeError:
-        return None, None
+        raise MalformedAnswer from None
     return (from_anthropic(answer.usage) if answer.usage else None), answer.model
 
 

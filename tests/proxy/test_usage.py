@@ -13,6 +13,7 @@ from proxy.usage import (
     AnthropicStreamUsage,
     AnthropicUsage,
     CompletionTokensDetails,
+    MalformedAnswer,
     OpenAIUsage,
     OutputTokensDetails,
     PromptTokensDetails,
@@ -113,16 +114,24 @@ def test_anthropic_answer_gives_usage_with_caches_and_served_model() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        b"",
-        b"not json",
         b"[]",
         b'{"usage": {"prompt_tokens": "x", "input_tokens": "x"}}',
         b'{"model": 3}',
     ],
 )
-def test_an_unreadable_answer_gives_no_usage_and_never_raises(read: object, body: bytes) -> None:
+def test_an_answer_shaped_otherwise_gives_no_usage_and_never_raises(
+    read: object, body: bytes
+) -> None:
     assert callable(read)
     assert read(body) == (None, None)
+
+
+@pytest.mark.parametrize("read", [openai_answer, anthropic_answer])
+@pytest.mark.parametrize("body", [b"", b"not json", b"<html>502 Bad Gateway</html>", b'{"id": "x"'])
+def test_an_answer_that_is_not_json_is_malformed(read: object, body: bytes) -> None:
+    assert callable(read)
+    with pytest.raises(MalformedAnswer):
+        read(body)
 
 
 @pytest.mark.parametrize("read", [openai_answer, anthropic_answer])

@@ -32,6 +32,8 @@ class OpenAILikeUpstream:
         """A request of the `held` mode arrived."""
         self.release = asyncio.Event()
         """Lets `held` requests stream their answer."""
+        self.closing = asyncio.Event()
+        """Ends the requests that hang, so the server stops without waiting on them."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -42,7 +44,7 @@ class OpenAILikeUpstream:
         self.calls += 1
         payload = await request.json()
         mode = request.match_info["mode"]
-        if mode == "ok":
+        if mode == "ok" and not payload.get("stream"):
             return web.json_response(answer(payload["model"]))
         if mode == "garbage":
             return web.Response(
@@ -53,7 +55,7 @@ class OpenAILikeUpstream:
                 body=b'{"id": "chatcmpl-1", "choices": [', content_type="application/json"
             )
         if mode == "hang":
-            await asyncio.Event().wait()  # cancelled when the proxy gives up on it
+            await self.closing.wait()  # the proxy gives up on it first
         if mode == "held":
             self.reached.set()
             await self.release.wait()
@@ -65,8 +67,8 @@ class OpenAILikeUpstream:
             request.transport.abort()
             return stream
         if mode == "stall":
-            await asyncio.Event().wait()
-        if mode == "garbage-stream":
+            await self.closing.wait()
+        if mode == "noise":
             await stream.write(b"data: {not json at all\n\n")
             await stream.write(b"\xff\xfe binary noise \x00\n\n")
         await stream.write(sse(chunk(payload["model"], " there")))
@@ -106,10 +108,14 @@ async def openai_like_upstream() -> AsyncIterator[OpenAILikeUpstream]:
     upstream = OpenAILikeUpstream()
     async with serving(upstream.app()) as url:
         upstream.url = url
-        yield upstream
+        try:
+            yield upstream
+        finally:
+            upstream.closing.set()
+            upstream.release.set()
 
 
-MODES = ("ok", "garbage", "truncated", "hang", "reset", "stall", "garbage-stream")
+MODES = ("ok", "garbage", "truncated", "hang", "reset", "stall", "noise")
 """How the upstream misbehaves, by path prefix (`held` also waits for the test's go-ahead)."""
 
 
@@ -137,6 +143,7 @@ def upstream_tenant(controlplane: Service, upstream_url: str) -> tuple[Tenant, s
         )["id"]
         aliases[mode] = [{"provider_id": provider, "model": "m"}]
     aliases[CHAT_ALIAS] = aliases["ok"]
+    aliases["fallthrough"] = aliases["garbage"] + aliases["ok"]
     policy = admin_create(
         controlplane,
         "/api/admin/routing-policies",
