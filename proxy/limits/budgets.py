@@ -16,6 +16,7 @@ import hashlib
 import heapq
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +30,7 @@ from proxy.providers import Upstream
 from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd, usd_to_nanos
-from vkgate.spend import BudgetBucketSpend
+from vkgate.spend import BudgetBucketSpend, SpendRecord
 from vkgate.windows import WINDOWS, window_bounds
 from vkgate.wire import BudgetState
 
@@ -46,6 +47,8 @@ WINDOW_MARGIN_S = 2 * 86_400.0
 END_USER_SPEND_TTL_S = 60.0
 KEPT_BUCKETS = 100_000
 """Budget buckets kept for reuse (one per rule and window) before they are all dropped."""
+UNWRITTEN_MAX = 100_000
+"""Settlements remembered for outcomes the spool holds in memory (as many as it holds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,9 @@ class BudgetGuard:
         self._source = spend_source
         self._default_output = default_output_tokens
         self._pending: list[tuple[int, int, list[tuple[str, str]]]] = []
+        self._unwritten: deque[tuple[SpendRecord, list[tuple[str, str]]]] = deque(
+            maxlen=UNWRITTEN_MAX
+        )
         """A heap of (record seq, tiebreak, charged buckets): settlements finish out of order."""
         self._tiebreak = itertools.count()
         self._end_users: LRUCache[tuple[str, float | None, str], tuple[int, float, float]] = (
@@ -385,18 +391,24 @@ class BudgetGuard:
         the ledger has it."""
         if seq is None:
             return
-        buckets = ask.buckets
-        if len(costs) != len(buckets):
-            raise ValueError("one cost per budget bucket")
-        charged: list[tuple[str, str]] = []
-        for i, c in enumerate(costs):
-            if c:
-                charged.append((buckets[i].key, holder))
+        charged = _charged(ask, holder, costs)
         if charged:
             heapq.heappush(self._pending, (seq, next(self._tiebreak), charged))
 
+    def settled_unwritten(
+        self, record: SpendRecord, ask: BudgetAsk, holder: str, costs: Sequence[int]
+    ) -> None:
+        """As `settled`, for an outcome the spool could not write yet (its disk was full): it
+        waits in the spool's memory and gets its seq when written, which `ledgered_through`
+        looks for. Until the ledger has it the counters keep its cost, as for any other."""
+        charged = _charged(ask, holder, costs)
+        if charged:
+            self._unwritten.append((record, charged))
+
     def ledgered_through(self, seq: int) -> None:
         """The ledger holds every record of this process up to `seq` (the spool's callback)."""
+        if self._unwritten:
+            self._take_written()
         entries: list[tuple[str, str]] = []
         pending = self._pending
         while pending and pending[0][0] <= seq:
@@ -405,6 +417,16 @@ class BudgetGuard:
             task = asyncio.get_running_loop().create_task(self._ledgered(entries))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _take_written(self) -> None:
+        """Move the outcomes the spool wrote late among those waiting for the ledger."""
+        waiting: deque[tuple[SpendRecord, list[tuple[str, str]]]] = deque(maxlen=UNWRITTEN_MAX)
+        for record, charged in self._unwritten:
+            if record.seq:
+                heapq.heappush(self._pending, (record.seq, next(self._tiebreak), charged))
+            else:
+                waiting.append((record, charged))
+        self._unwritten = waiting
 
     async def _ledgered(self, entries: list[tuple[str, str]]) -> None:
         try:
@@ -457,3 +479,15 @@ def _exceeded(rule: BudgetRule, level: int, amount: int) -> ProxyError:
             "remaining_usd": nanos_to_usd(remaining),
         },
     )
+
+
+def _charged(ask: BudgetAsk, holder: str, costs: Sequence[int]) -> list[tuple[str, str]]:
+    """The (bucket key, holder) pairs `holder` charged a cost to."""
+    buckets = ask.buckets
+    if len(costs) != len(buckets):
+        raise ValueError("one cost per budget bucket")
+    charged: list[tuple[str, str]] = []
+    for i, c in enumerate(costs):
+        if c:
+            charged.append((buckets[i].key, holder))
+    return charged

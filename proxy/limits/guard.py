@@ -159,5 +159,10 @@ class Governor:
             self._clock.now().timestamp(),
         )
         if ask is not None:
-            seq = record.seq if record is not None and record.seq else None
-            self.budgets.settled(seq, ask, hold.holder, costs)
+            if record is not None and not record.seq:
+                # The spool holds it until its disk takes it: its seq comes then.
+                self.budgets.settled_unwritten(record, ask, hold.holder, costs)
+            else:
+                self.budgets.settled(
+                    record.seq if record is not None else None, ask, hold.holder, costs
+                )

@@ -341,14 +341,15 @@ class SpendSpool:
         record then has no sequence number of its own: the next one reuses it, leaving no gap.
         Records `hold` kept are written first, in their order.
         """
-        if self._fd < 0:
-            self._reopen()
-        if self._waiting:
-            self._write_waiting()
+        # Stamped first: a record that cannot be written now may be held and written later.
         now = self._clock.now()
         record.id = self._ids.next()
         record.replica_id = self._replica_id
         record.at = rfc3339_micro(now)
+        if self._fd < 0:
+            self._reopen()
+        if self._waiting:
+            self._write_waiting()
         self._write(record, now)
 
     def hold(self, record: SpendRecord) -> None:
@@ -356,11 +357,12 @@ class SpendSpool:
         (the next `append`, or the drainer's `retry_writable`). A request is refused while the
         spool cannot write, so only the outcomes of those already in flight land here; past
         `HELD_MAX` a record is lost, and logged as such."""
-        if len(self._waiting) >= HELD_MAX:
+        if self._closed or len(self._waiting) >= HELD_MAX:
             log.error(
-                "spend record lost: request_id=%s route=%s (spool not writable, %d records held)",
+                "spend record lost: request_id=%s route=%s (spool %s, %d records held)",
                 record.request_id,
                 record.route,
+                "closed" if self._closed else "not writable",
                 len(self._waiting),
             )
             return

@@ -16,6 +16,7 @@ from proxy.limits.counters import LocalCounters
 from proxy.limits.store import BudgetBucket
 from proxy.spend.estimate import estimate_tokens
 from tests.support.clock import ManualClock
+from vkgate.spend import RecordKind, SpendRecord
 from vkgate.wire import BudgetState, Price
 
 SAMPLES = {
@@ -124,16 +125,17 @@ def test_without_the_filtered_providers_the_rest_is_reserved_at_its_own_worst_ca
     assert rest.costs("prov-b", 7) == [7]
 
 
+class Counting(LocalCounters):
+    def __init__(self) -> None:
+        super().__init__()
+        self.acknowledged: list[tuple[str, str]] = []
+
+    async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
+        self.acknowledged.extend(entries)
+        await super().ledgered(entries, now)
+
+
 async def test_settled_spend_is_marked_acknowledged_whatever_order_requests_finished_in() -> None:
-    class Counting(LocalCounters):
-        def __init__(self) -> None:
-            super().__init__()
-            self.acknowledged: list[tuple[str, str]] = []
-
-        async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
-            self.acknowledged.extend(entries)
-            await super().ledgered(entries, now)
-
     counters = Counting()
     guard = BudgetGuard(counters, ManualClock(), spend_source=None, default_output_tokens=1)
     bucket = BudgetBucket("bg:k", 10**9, 0, 0.0, True, 0, None)
@@ -144,3 +146,25 @@ async def test_settled_spend_is_marked_acknowledged_whatever_order_requests_fini
     guard.ledgered_through(8)
     await asyncio.sleep(0)  # the acknowledgement is handed to the counters in a task
     assert counters.acknowledged == [("bg:k", "h7")]
+
+
+async def test_an_outcome_written_late_is_acknowledged_once_the_ledger_has_its_seq() -> None:
+    counters = Counting()
+    guard = BudgetGuard(counters, ManualClock(), spend_source=None, default_output_tokens=1)
+    bucket = BudgetBucket("bg:k", 10**9, 0, 0.0, True, 0, None)
+    ask = BudgetAsk([bucket], [5], list(rules_of([state("k")])), {}, {"p": 5})
+    held = SpendRecord(
+        id="r", kind=RecordKind.CONFIRM, replica_id="a", seq=0, request_id="q", at="", route=""
+    )
+    guard.settled_unwritten(held, ask, "held", [3])  # the spool's disk was full
+    guard.ledgered_through(5)
+    await asyncio.sleep(0)
+    assert counters.acknowledged == [], "not written yet: the ledger cannot have it"
+
+    held.seq = 6  # the spool wrote it once the disk had room
+    guard.ledgered_through(5)
+    await asyncio.sleep(0)
+    assert counters.acknowledged == []
+    guard.ledgered_through(6)
+    await asyncio.sleep(0)
+    assert counters.acknowledged == [("bg:k", "held")], "counted once: by the ledger alone"

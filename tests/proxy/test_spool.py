@@ -372,11 +372,48 @@ class TestWriteFailures:
         assert spool.waiting == 0 and spool.writable
         assert [o.seq for o in outcomes] == [2, 3, 4]
         assert [o.at for o in outcomes] == stamped_at, "each keeps the moment it happened"
+        assert all(stamped_at) and len({o.id for o in outcomes}) == 3
+        assert {o.replica_id for o in outcomes} == {spool.replica_id}
         spool.append(record("next"))
         spool.seal()
         written = [rec.request_id for _, records in segment_records(spool) for rec in records]
         assert written == ["admitted", "r0", "r1", "r2", "next"]
         spool.close()
+
+    def test_an_outcome_refused_while_no_segment_can_open_is_stamped_all_the_same(
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        real_write = os.write
+        monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:10])))
+        held = record("torn", "confirm")
+        with pytest.raises(SpoolError):
+            spool.append(held)  # a short write: the segment is retired, none is open
+        spool.hold(held)
+        monkeypatch.setattr(os, "open", _no_space)
+        later = [record(f"r{n}", "confirm") for n in range(2)]
+        for outcome in later:
+            with pytest.raises(SpoolError):
+                spool.append(outcome)  # fails opening a segment, before writing anything
+            spool.hold(outcome)
+        monkeypatch.undo()
+        spool.retry_writable()
+        stamped = [held, *later]
+        assert all(o.id and o.at and o.replica_id == spool.replica_id for o in stamped)
+        assert len({o.id for o in stamped}) == 3
+        spool.seal()
+        written = [rec.request_id for _, records in segment_records(spool) for rec in records]
+        assert written == ["torn", "r0", "r1"]
+        spool.close()
+
+    def test_an_outcome_held_after_close_is_logged_as_lost(
+        self, tmp_path: Path, clock: SteppedClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        spool = open_spool(tmp_path, clock)
+        spool.close()
+        spool.hold(record("late", "confirm"))
+        assert spool.waiting == 0
+        assert any("request_id=late" in r.getMessage() for r in caplog.records)
 
     def test_waiting_outcomes_go_before_the_next_record(
         self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
@@ -466,3 +503,7 @@ def test_stats_report_bytes_segments_and_the_oldest_record_age(
     assert stats.bytes == sum(len(x) for x in lines_on_disk(spool))
     assert stats.seq == 2 and stats.writable and not stats.full
     spool.close()
+
+
+def _no_space(*args: object, **kwargs: object) -> int:
+    raise OSError(errno.ENOSPC, "No space left on device")
