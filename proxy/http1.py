@@ -172,8 +172,11 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         # As uvicorn's, with the parser's reason kept for the answer, and the head bounded.
         self._unset_keepalive_if_required()
         before = self.cycle
-        # Between two requests (or before the first), what arrives is a head.
-        in_head = before is None or not before.more_body
+        # Between two requests (or before the first), what arrives is a head. So is what comes
+        # after an answer given before its request's body was whole (a 401, a 413): the rest of
+        # that body counts against the head bound, so the connection cannot carry an endless
+        # head past it, nor make the server drain a body no one reads.
+        in_head = before is None or not before.more_body or before.response_complete
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:

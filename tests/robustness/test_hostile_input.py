@@ -437,6 +437,20 @@ def test_an_endless_request_line_is_refused(world: World) -> None:
     assert_clear_refusal(reply, (431, 414, 400), closed_ok=True)
 
 
+def test_after_an_early_answer_the_unread_body_and_what_follows_stay_bounded(
+    world: World,
+) -> None:
+    """A 401 is answered before the body is read: the connection must not then take an
+    endless head (or body) past the head bound."""
+    with connection(world) as sock:
+        sock.sendall(head("/v1/chat/completions", "vk-not-a-key", length=1))
+        reply = read_reply(sock)
+        assert reply.status == 401
+        endless = b"x" + b"POST /v1/chat/completions HTTP/1.1\r\n" + b"X-Big: " + b"a" * (4 * MIB)
+        answer = send_then_read(sock, endless)
+    assert_clear_refusal(answer, (431,), closed_ok=False)
+
+
 def test_header_just_under_the_bound_is_served(world: World) -> None:
     # A long but reasonable header (a large cookie, a trace baggage) is not refused.
     answer = world.post(
