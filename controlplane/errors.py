@@ -155,7 +155,27 @@ def _on_ledger(request: Request[Any, Any, Any], exc: LedgerError) -> Response[by
     return render(unavailable(f"the spend ledger is unavailable: {exc}"))
 
 
+_TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57"})
+"""PostgreSQL's connection exceptions, insufficient resources, operator intervention (a
+shutdown or restart): gone when the server is back."""
+_TRANSIENT_WORDS = ("connection", "server closed", "locked", "busy", "unable to open")
+
+
+def transient(exc: DBAPIError) -> bool:
+    """Whether the database failing this way will likely serve a retry (it restarts, fails
+    over, or is busy); a missing table or a broken query will not."""
+    if exc.connection_invalidated or isinstance(exc, InterfaceError):
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate:
+        return str(sqlstate)[:2] in _TRANSIENT_SQLSTATE_CLASSES
+    text = str(exc.orig).lower()
+    return any(word in text for word in _TRANSIENT_WORDS)
+
+
 def _on_database(request: Request[Any, Any, Any], exc: DBAPIError) -> Response[bytes]:
+    if not transient(exc):
+        return _on_unexpected(request, exc)
     # The database went away (a restart, a failover, a network cut): a retry will do, and the
     # connection pool checks its connections before handing them out again.
     event(

@@ -29,7 +29,7 @@ log = logging.getLogger("vkgate.controlplane.auth")
 
 EPISODE_SECONDS = 60.0
 MAX_ADDRESSES = 10_000
-"""Addresses remembered at once; past that the least recently failing are forgotten first."""
+"""Addresses remembered at once; past that the least recently seen are forgotten first."""
 
 
 @dataclass(slots=True)

@@ -54,7 +54,13 @@ def _check_kind_rules(
 def _check_no_userinfo(base_url: str | None) -> None:
     """Refuse `https://user:secret@host`: base_url is shown in every read, a credential in it
     would be too. (The URL is not repeated in the message, for the same reason.)"""
-    if base_url is not None and "@" in urlsplit(base_url).netloc:
+    if base_url is None:
+        return
+    try:
+        netloc = urlsplit(base_url).netloc
+    except ValueError:  # `http://[abc/v1`: a bracket left open
+        raise invalid("base_url is not a URL that can be read", param="base_url") from None
+    if "@" in netloc:
         raise invalid(
             "base_url must not carry credentials (user:password@host); give them as api_key "
             "or headers, which are encrypted and never shown",

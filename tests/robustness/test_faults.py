@@ -1,6 +1,6 @@
 """Faults around a running deployment, each followed by a look at the ledger: PostgreSQL
-restarting under the control plane, Redis going away and coming back under a proxy, and the
-spool's disk filling up.
+restarting under the control plane, the control plane restarting under a proxy, Redis going
+away and coming back under a proxy, and the spool's disk filling up.
 
 Everything runs as real processes on loopback: the control plane and the proxies as `vkgate`
 commands, PostgreSQL and Redis as servers of the test's own, so they can be stopped without
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -22,7 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.exc import OperationalError
 
+from controlplane.errors import transient
 from tests.proxy.conftest import CHAT_ALIAS
 from tests.proxy.test_counters_fallback import redis_server
 from tests.proxy.test_processes import Tenant, admin_create, make_tenant, new_key, proxy_env
@@ -37,6 +40,9 @@ from tests.support.processes import (
     free_port,
     running,
     sqlite_controlplane,
+    start,
+    stop,
+    wait_until_healthy,
 )
 from tests.support.upstreams import HELLO, openai_like_upstream, send, upstream_tenant
 
@@ -141,6 +147,73 @@ def test_postgres_restarting_under_the_control_plane_loses_nothing(tmp_path: Pat
             served(proxy, after.key, answered)
             served(proxy, never_seen.key, answered)
             outcomes_in_ledger(controlplane, tenant.org, answered)
+
+
+class _Sqlstate(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"sqlstate {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+@pytest.mark.parametrize(
+    ("orig", "answer"),
+    [
+        (sqlite3.OperationalError("database is locked"), 503),
+        (sqlite3.OperationalError("no such table: organizations"), 500),
+        (_Sqlstate("57P01"), 503),  # admin shutdown: the server restarts
+        (_Sqlstate("08006"), 503),  # connection failure
+        (_Sqlstate("42P01"), 500),  # undefined table: a retry will not help
+        (ConnectionRefusedError("connection refused"), 503),
+    ],
+)
+def test_only_a_database_failure_that_a_retry_may_cure_is_a_503(
+    orig: Exception, answer: int
+) -> None:
+    error = OperationalError("SELECT 1", {}, orig)
+    assert (503 if transient(error) else 500) == answer
+
+
+# -- the control plane stops and starts again under a proxy ----------------------------------------
+
+
+def test_a_control_plane_restart_keeps_cached_keys_served_and_loses_no_spend(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    env = clean_env(
+        **secrets_env(f"sqlite:///{tmp_path / 'controlplane.db'}"),
+        VKGATE_HOME=str(tmp_path),
+        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}",
+    )
+
+    def controlplane(log: str) -> Service:
+        service = start(["controlplane", "--migrate"], env=env, port=port, log=tmp_path / log)
+        wait_until_healthy(service)
+        return service
+
+    first = controlplane("first.log")
+    try:
+        with proxy_at(first, tmp_path, **SHIP_EVERY) as proxy:
+            tenant = make_tenant(first)
+            cached, unseen = new_key(first, tenant), new_key(first, tenant)
+            answered: list[str] = []
+            served(proxy, cached.key, answered)
+
+            stop(first.process)
+            for _ in range(3):  # nothing to ask: the key is cached, the spend waits on disk
+                served(proxy, cached.key, answered)
+            refused = chat(proxy, unseen.key)
+            assert refused.status_code == 503, refused.text
+            assert error_code(refused) == "auth_upstream_unavailable"
+
+            second = controlplane("second.log")
+            try:
+                served(proxy, unseen.key, answered)
+                outcomes_in_ledger(second, tenant.org, answered)
+            finally:
+                stop(second.process)
+    finally:
+        stop(first.process)
 
 
 # -- Redis goes away and comes back under a proxy ------------------------------------------------

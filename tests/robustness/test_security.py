@@ -1036,6 +1036,19 @@ async def test_a_base_url_carrying_credentials_is_refused_and_never_shown(
     assert fine["base_url"] == "https://llm.example/v1/@team"
 
 
+async def test_a_base_url_that_cannot_be_read_is_a_422_not_a_500(
+    client: Client, world: World
+) -> None:
+    body = {
+        "organization_id": world.org,
+        "name": "unreadable",
+        "kind": "openai_compatible",
+        "base_url": "http://[abc/v1",
+    }
+    created = await client.post("/api/admin/providers", json=body, headers=ADMIN)
+    assert assert_contract_error(created, 422, "validation_error")["param"] == "base_url"
+
+
 class Tripwire:
     """A request body that records whether anyone read it."""
 
