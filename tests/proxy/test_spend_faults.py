@@ -93,6 +93,31 @@ async def test_control_plane_down_then_back_loses_and_doubles_nothing(
     assert totals["requests"] == 6
 
 
+async def test_control_plane_away_for_minutes_keeps_cached_keys_served_and_loses_nothing(
+    app: Litestar, client: httpx.AsyncClient, clock: ManualClock, tenant: Tenant
+) -> None:
+    road = AckLosingTransport(httpx.ASGITransport(app=app))
+    settings = proxy_settings(spend_flush_interval_s=3600)
+    async with serve_proxy(None, clock, settings, control_transport=road) as proxy:
+        running: Running = proxy.app.state["running"]
+        assert running.spool is not None and running.drainer is not None
+        assert running.cache is not None
+        await proxy.following_changes()
+        await chat(proxy, tenant.key, 1)
+        road.cut = True
+        for _ in range(15):  # a quarter of an hour away, a request every minute
+            clock.elapse(60)
+            await chat(proxy, tenant.key, 1)
+        assert running.cache.stale_serves > 0, "served past its confirmation, from the cache"
+        await running.spool.seal_async()
+        assert not await running.drainer.ship_ready()
+        road.cut = False
+        assert await running.drainer.ship_ready()
+        assert running.spool.pending_segments() == []
+    totals = await requests_in_report(client, tenant.org)
+    assert totals["requests"] == 16
+
+
 async def test_an_acknowledgement_lost_in_transit_ships_again_without_doubling(
     app: Litestar, client: httpx.AsyncClient, clock: ManualClock, tenant: Tenant
 ) -> None:
