@@ -193,10 +193,11 @@ async def seed_world(
     client: httpx.AsyncClient,
     provider_fields: dict[str, Any] = OPENAI_PROVIDER,
     model: str = "gpt-4o-mini",
+    name: str = "acme",
 ) -> World:
-    """A `World` through the admin API: its provider made of `provider_fields`, its policy's
-    alias `fast` routed to that provider's `model`."""
-    org = (await create(client, "/api/admin/organizations", {"name": "acme"}))["id"]
+    """A `World` through the admin API, its organization called `name`: its provider made of
+    `provider_fields`, its policy's alias `fast` routed to that provider's `model`."""
+    org = (await create(client, "/api/admin/organizations", {"name": name}))["id"]
     team = (await create(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
     project = (
         await create(

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import io
-import json
-import logging
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import httpx
 import msgspec
@@ -19,46 +15,19 @@ from controlplane.ledger.store import Ledger
 from controlplane.settings import ControlPlaneSettings, LedgerLocation
 from tests.conftest import World, serve_in_loop
 from tests.support.api import ADMIN, create
+from tests.support.captured import Captured, controlplane_logs
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN
 from tests.support.ledger import request, segment, ship
-from vkgate.logs import JsonFormatter
 
 PROVIDER_CREDENTIAL = "sk-test-provider-credential-7d1f"
 ENVELOPE = {"time", "level", "logger", "event"}
 
 
-class Captured:
-    """The JSON lines the control plane's loggers wrote."""
-
-    def __init__(self) -> None:
-        self.stream = io.StringIO()
-
-    @property
-    def text(self) -> str:
-        return self.stream.getvalue()
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        lines = [json.loads(line) for line in self.text.splitlines() if line]
-        return [line for line in lines if line.get("event") == name]
-
-
 @pytest.fixture
 def logged() -> Iterator[Captured]:
-    # A handler on the control plane's logger itself: the app does not configure logging, and
-    # what reaches the root logger under pytest depends on pytest's own settings.
-    captured = Captured()
-    handler = logging.StreamHandler(captured.stream)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("vkgate.controlplane")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with controlplane_logs() as captured:
         yield captured
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 async def test_admin_mutations_are_logged_with_allowlisted_fields_and_no_secret(

@@ -26,6 +26,7 @@ from tests.proxy.conftest import (
 from tests.proxy.test_processes import make_tenant, new_key, proxy_env
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
+from tests.support.outcomes import ledger_rows
 from tests.support.processes import (
     Service,
     free_port,
@@ -176,18 +177,8 @@ async def load_until(proxy: Service, key: str, answered: list[str], enough: int)
 
 
 def ledger_request_ids(controlplane: Service, org: str) -> list[str]:
-    ids: list[str] = []
-    cursor: str | None = None
-    with httpx.Client(base_url=controlplane.url, headers=ADMIN, timeout=10) as http:
-        while True:
-            params = {"organization_id": org, "limit": "1000"}
-            if cursor:
-                params["cursor"] = cursor
-            page = http.get("/api/spend/ledger", params=params).json()
-            ids += [row["request_id"] for row in page["data"] if row["kind"] == "confirm"]
-            cursor = page["next_cursor"]
-            if not cursor:
-                return ids
+    rows = ledger_rows(controlplane, org)
+    return [row["request_id"] for row in rows if row["kind"] == "confirm"]
 
 
 async def test_a_proxy_killed_mid_load_loses_no_answered_request(

@@ -4,9 +4,7 @@ token lookups and failed-authentication throttling, each through real HTTP calls
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
-import logging
 import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,15 +20,15 @@ from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.models import AdminToken
 from controlplane.settings import ControlPlaneSettings
-from tests.conftest import Internal, World, serve_in_loop, signed_get
+from tests.conftest import Internal, World, seed_world, serve_in_loop, signed_get
 from tests.support.api import ADMIN, create, error_of
+from tests.support.captured import Captured, controlplane_logs
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET, secrets_env
 from tests.support.ledger import SPEND_COMMANDS, ledger_rows, request, segment
 from vkgate import signing
 from vkgate.env import SettingError
 from vkgate.errors import ERRORS, ErrorCode
-from vkgate.logs import JsonFormatter
 from vkgate.spend import SpendAck
 
 Client = httpx.AsyncClient
@@ -81,50 +79,30 @@ class Org:
 
 
 async def seed_org(client: Client, name: str, provider: dict[str, Any] | None = None) -> Org:
-    org = (await create(client, "/api/admin/organizations", {"name": name}))["id"]
-    team = (await create(client, "/api/admin/teams", {"organization_id": org, "name": "ml"}))["id"]
-    project = (
-        await create(
-            client, "/api/admin/projects", {"organization_id": org, "team_id": team, "name": "chat"}
-        )
-    )["id"]
-    provider_id = (
-        await create(
-            client,
-            "/api/admin/providers",
-            {"organization_id": org, **(provider or {"name": "mock", "kind": "mock"})},
-        )
-    )["id"]
-    policy = (
-        await create(
-            client,
-            "/api/admin/routing-policies",
-            {
-                "organization_id": org,
-                "name": "default",
-                "aliases": {"fast": [{"provider_id": provider_id, "model": "small"}]},
-            },
-        )
-    )["id"]
-    key = await create(
-        client,
-        "/api/admin/virtual-keys",
-        {"project_id": project, "name": "app", "routing_policy_id": policy},
-    )
+    world = await seed_world(client, provider or {"name": "mock", "kind": "mock"}, "small", name)
     budget = (
         await create(
             client,
             "/api/admin/budgets",
             {
-                "organization_id": org,
-                "scope": {"kind": "team", "id": team},
+                "organization_id": world.org,
+                "scope": {"kind": "team", "id": world.team},
                 "window": "month",
                 "limit_usd": "10",
-                "provider_id": provider_id,
+                "provider_id": world.provider,
             },
         )
     )["id"]
-    return Org(org, team, project, provider_id, policy, key["id"], key["key"], budget)
+    return Org(
+        world.org,
+        world.team,
+        world.project,
+        world.provider,
+        world.policy,
+        world.key_id,
+        world.key,
+        budget,
+    )
 
 
 async def openapi_operations(client: Client) -> list[tuple[str, str]]:
@@ -757,31 +735,10 @@ async def test_an_admin_token_is_stored_and_looked_up_only_by_its_hash(
 LIMIT = 3
 
 
-class Captured:
-    """JSON lines the control plane's loggers write."""
-
-    def __init__(self) -> None:
-        self.stream = io.StringIO()
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        lines = [json.loads(line) for line in self.stream.getvalue().splitlines() if line]
-        return [line for line in lines if line.get("event") == name]
-
-
 @pytest.fixture
 def logged() -> Iterator[Captured]:
-    captured = Captured()
-    handler = logging.StreamHandler(captured.stream)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("vkgate.controlplane")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with controlplane_logs() as captured:
         yield captured
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 @pytest.fixture

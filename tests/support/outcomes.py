@@ -35,8 +35,8 @@ def ledger_rows(controlplane: Service, org: str) -> list[dict[str, Any]]:
 def outcomes_in_ledger(
     controlplane: Service, org: str, request_ids: list[str]
 ) -> dict[str, dict[str, Any]]:
-    """Each request's outcome row (`confirm`), once every one of them is in the ledger; fails if
-    one never arrives or arrives twice."""
+    """Each request's outcome row (`confirm` or `fail`), once every one of them is in the
+    ledger; fails if one never arrives or arrives twice."""
     deadline = time.monotonic() + LEDGER_WAIT_S
     while True:
         confirms = [r for r in ledger_rows(controlplane, org) if r["kind"] != "admit"]
