@@ -227,19 +227,20 @@ async def test_token_list_pages_one_at_a_time(client: Client) -> None:
 # Roles
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        ORGS,
-        "/api/admin/teams",
-        "/api/admin/projects",
-        "/api/admin/providers",
-        "/api/admin/routing-policies",
-        "/api/admin/virtual-keys",
-        "/api/admin/budgets",
-        AUDIT,
-    ],
-)
+LISTS = [
+    ORGS,
+    "/api/admin/teams",
+    "/api/admin/projects",
+    "/api/admin/providers",
+    "/api/admin/routing-policies",
+    "/api/admin/virtual-keys",
+    "/api/admin/budgets",
+    AUDIT,
+]
+"""Every list the admin API serves an organization's resources from."""
+
+
+@pytest.mark.parametrize("path", LISTS)
 async def test_finance_token_reads_every_list(
     client: Client, world: World, finance: dict[str, str], path: str
 ) -> None:

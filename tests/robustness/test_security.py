@@ -26,13 +26,13 @@ from tests.support.captured import Captured, controlplane_logs
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN, INTERNAL_SECRET, secrets_env
 from tests.support.ledger import SPEND_COMMANDS, ledger_rows, request, segment
+from tests.test_admin_auth import AUDIT, LISTS
 from vkgate import signing
 from vkgate.env import SettingError
 from vkgate.errors import ERRORS, ErrorCode
-from vkgate.spend import SpendAck
+from vkgate.spend import SpendAck, SpendRecord
 
 Client = httpx.AsyncClient
-AUDIT = "/api/admin/audit-log"
 TOKENS = "/api/admin/tokens"
 MUTATING = {"post", "put", "patch", "delete"}
 API_KEY_SECRET = "sk-distinctive-api-key-3f9a1c77e2b84d05"
@@ -65,17 +65,14 @@ async def audit_log(client: Client) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Org:
-    """An organization with one of each resource, made through the admin API."""
+class Org(World):
+    """An organization with one of each resource, a budget too, made through the admin API."""
 
-    id: str
-    team: str
-    project: str
-    provider: str
-    policy: str
-    key_id: str
-    key: str
-    budget: str
+    budget: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.org
 
 
 async def seed_org(client: Client, name: str, provider: dict[str, Any] | None = None) -> Org:
@@ -93,16 +90,7 @@ async def seed_org(client: Client, name: str, provider: dict[str, Any] | None = 
             },
         )
     )["id"]
-    return Org(
-        world.org,
-        world.team,
-        world.project,
-        world.provider,
-        world.policy,
-        world.key_id,
-        world.key,
-        budget,
-    )
+    return Org(**dataclasses.asdict(world), budget=budget)
 
 
 async def openapi_operations(client: Client) -> list[tuple[str, str]]:
@@ -138,13 +126,7 @@ def path_ids(org: Org, token_id: str) -> dict[str, str]:
 async def everything_readable(client: Client, org: Org) -> dict[str, str]:
     """Each admin list and single resource as the unbound admin token reads it."""
     paths = [
-        "/api/admin/organizations",
-        "/api/admin/teams",
-        "/api/admin/projects",
-        "/api/admin/providers",
-        "/api/admin/routing-policies",
-        "/api/admin/virtual-keys",
-        "/api/admin/budgets",
+        *LISTS,
         TOKENS,
         f"/api/admin/teams/{org.team}",
         f"/api/admin/providers/{org.provider}",
@@ -496,18 +478,6 @@ async def test_a_write_naming_another_organizations_id_is_refused_as_if_it_did_n
     assert await audit_log(client) == audit_before
 
 
-LISTS = [
-    "/api/admin/organizations",
-    "/api/admin/teams",
-    "/api/admin/projects",
-    "/api/admin/providers",
-    "/api/admin/routing-policies",
-    "/api/admin/virtual-keys",
-    "/api/admin/budgets",
-    AUDIT,
-]
-
-
 @pytest.mark.parametrize("role", ["admin", "finance"])
 async def test_lists_and_the_audit_log_show_only_the_tokens_organization(
     client: Client, role: str
@@ -536,20 +506,7 @@ async def test_spend_reads_are_limited_to_the_tokens_organization(
 ) -> None:
     client, a, b = scoped.client, scoped.a, scoped.b
     for org in (a, b):
-        records = request(
-            clock.now(),
-            organization_id=org.id,
-            team_id=org.team,
-            project_id=org.project,
-            virtual_key_id=org.key_id,
-            model="fast",
-            upstream_model="small",
-            served_model="small",
-            provider_id=org.provider,
-            provider_kind="mock",
-            input_tokens=10,
-            output_tokens=5,
-        )
+        records = served(org, clock, "small", "mock", 10, 5)
         shipped = await internal.call("POST", SPEND_COMMANDS, msgspec.to_builtins(segment(records)))
         assert shipped.status_code == 200, shipped.text
 
@@ -619,34 +576,45 @@ async def test_a_signature_for_one_keys_bundle_does_not_fetch_another(
     assert scoped.b.key_id not in other.text
 
 
-def spend_segment(world: World, clock: ManualClock) -> bytes:
-    records = request(
+def served(
+    world: World, clock: ManualClock, model: str, kind: str, tokens_in: int, tokens_out: int
+) -> list[SpendRecord]:
+    """The records of one request of `world`'s key, served by its provider now."""
+    return request(
         clock.now(),
         organization_id=world.org,
         team_id=world.team,
         project_id=world.project,
         virtual_key_id=world.key_id,
         model="fast",
-        upstream_model="gpt-4o-mini",
-        served_model="gpt-4o-mini",
+        upstream_model=model,
+        served_model=model,
         provider_id=world.provider,
-        provider_kind="openai",
-        input_tokens=100,
-        output_tokens=20,
+        provider_kind=kind,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
     )
-    return msgspec.json.encode(segment(records))
+
+
+def spend_segment(world: World, clock: ManualClock) -> bytes:
+    return msgspec.json.encode(segment(served(world, clock, "gpt-4o-mini", "openai", 100, 20)))
+
+
+def signed_upload(
+    body: bytes, clock: ManualClock, *, secret: str = INTERNAL_SECRET, ago_s: float = 0.0
+) -> dict[str, str]:
+    """The headers a proxy sends the spend segment `body` with, signed with `secret` `ago_s`
+    seconds ago."""
+    at = clock.now().timestamp() - ago_s
+    headers = signing.signed_headers(secret, "POST", SPEND_COMMANDS, body, at)
+    return {**headers, "content-type": "application/json"}
 
 
 async def test_a_captured_spend_upload_replayed_changes_nothing_and_is_refused_once_stale(
     client: Client, world: World, clock: ManualClock
 ) -> None:
     body = spend_segment(world, clock)
-    captured = {
-        **signing.signed_headers(
-            INTERNAL_SECRET, "POST", SPEND_COMMANDS, body, clock.now().timestamp()
-        ),
-        "content-type": "application/json",
-    }
+    captured = signed_upload(body, clock)
     first = await client.post(SPEND_COMMANDS, content=body, headers=captured)
     assert first.status_code == 200, first.text
     accepted = msgspec.json.decode(first.content, type=SpendAck).accepted
@@ -671,12 +639,7 @@ async def test_a_captured_signature_does_not_carry_another_body_or_route(
     client: Client, world: World, clock: ManualClock
 ) -> None:
     body = spend_segment(world, clock)
-    captured = {
-        **signing.signed_headers(
-            INTERNAL_SECRET, "POST", SPEND_COMMANDS, body, clock.now().timestamp()
-        ),
-        "content-type": "application/json",
-    }
+    captured = signed_upload(body, clock)
     other_body = spend_segment(world, clock)
     altered = await client.post(SPEND_COMMANDS, content=other_body, headers=captured)
     assert_contract_error(altered, 401, "bad_signature")
@@ -684,16 +647,7 @@ async def test_a_captured_signature_does_not_carry_another_body_or_route(
         "/api/internal/gateway/resolve-key", content=body, headers=captured
     )
     assert_contract_error(elsewhere, 401, "bad_signature")
-    other_secret = {
-        **signing.signed_headers(
-            "another-secret-of-32-characters-or-more",
-            "POST",
-            SPEND_COMMANDS,
-            body,
-            clock.now().timestamp(),
-        ),
-        "content-type": "application/json",
-    }
+    other_secret = signed_upload(body, clock, secret="another-secret-of-32-characters-or-more")
     forged = await client.post(SPEND_COMMANDS, content=body, headers=other_secret)
     assert_contract_error(forged, 401, "bad_signature")
     assert await ledger_rows(client, world.org) == []
@@ -1032,14 +986,11 @@ async def test_an_unsigned_or_stale_upload_is_refused_before_its_body_is_read(
 ) -> None:
     body = spend_segment(world, clock)
     if headers == "stale":
-        signed_at = clock.now().timestamp() - 301
-        headers = signing.signed_headers(INTERNAL_SECRET, "POST", SPEND_COMMANDS, body, signed_at)
+        headers = signed_upload(body, clock, ago_s=301)
     assert isinstance(headers, dict)
     tripwire = Tripwire(body)
     response = await client.post(
-        SPEND_COMMANDS,
-        content=tripwire,
-        headers={**headers, "content-type": "application/json"},
+        SPEND_COMMANDS, content=tripwire, headers={**headers, "content-type": "application/json"}
     )
     assert_contract_error(response, 401, "bad_signature")
     assert tripwire.read is False
@@ -1049,13 +1000,7 @@ async def test_an_unsigned_or_stale_upload_is_refused_before_its_body_is_read(
 async def test_a_signature_over_an_empty_body_does_not_admit_a_body(
     client: Client, world: World, clock: ManualClock
 ) -> None:
-    empty = signing.signed_headers(
-        INTERNAL_SECRET, "POST", SPEND_COMMANDS, b"", clock.now().timestamp()
-    )
-    response = await client.post(
-        SPEND_COMMANDS,
-        content=spend_segment(world, clock),
-        headers={**empty, "content-type": "application/json"},
-    )
+    empty = signed_upload(b"", clock)
+    response = await client.post(SPEND_COMMANDS, content=spend_segment(world, clock), headers=empty)
     assert_contract_error(response, 401, "bad_signature")
     assert await ledger_rows(client, world.org) == []
