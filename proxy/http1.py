@@ -26,27 +26,14 @@ import asyncio
 import os
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.errors import ProxyError
+from proxy.settings import ClientLimits
 from vkgate.errors import ErrorCode
-
-DEFAULT_MAX_HEADER_BYTES = 64 * 1024
-DEFAULT_READ_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    """What one client request may cost the server before the app sees it whole."""
-
-    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    """The request line and headers together."""
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    """From a request's first byte to its last (head and body)."""
 
 
 class _OneWrite:

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.http1 import DEFAULT_MAX_HEADER_BYTES, DEFAULT_READ_TIMEOUT_S, ClientLimits
 from proxy.spend.spool import REPLICA_ID, FullPolicy
 from vkgate import env as E
 
@@ -18,6 +17,19 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 SERVERS = ("uvicorn", "granian")
 DEFAULT_SPOOL_MAX_BYTES = 1024**3
 MIN_SPOOL_MAX_BYTES = 1024**2
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_READ_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What one client request may cost the server before the app sees it whole (enforced by
+    the server's protocol, proxy/http1.py)."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    """The request line and headers together."""
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    """From a request's first byte to its last (head and body)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -301,20 +301,9 @@ class BudgetGuard:
         end_ts: float | None,
     ) -> BudgetBucket:
         """One end user's share of a per-end-user budget, in the window from `start_ts`."""
-        key = (
-            f"bg:{rule.budget_id}:{'total' if start_ts is None else int(start_ts)}:"
-            + hashlib.blake2b(end_user.encode(), digest_size=12).hexdigest()
-        )
         ledger, as_of = await self._end_user_ledger(rule, end_user, start_ts)
-        return BudgetBucket(
-            key,
-            rule.limit_nanos,
-            ledger,
-            as_of,
-            rule.blocking,
-            group,
-            None if end_ts is None else end_ts + WINDOW_MARGIN_S,
-        )
+        user = hashlib.blake2b(end_user.encode(), digest_size=12).hexdigest()
+        return _bucket(rule, group, start_ts, end_ts, ledger, as_of, f":{user}")
 
     def _bucket_of(
         self, rule: BudgetRule, group: int, start_ts: float | None, end_ts: float | None
@@ -331,15 +320,7 @@ class BudgetGuard:
         else:
             # A bundle built in an earlier window says nothing of this one.
             ledger, as_of = 0, 0.0
-        bucket = BudgetBucket(
-            f"bg:{rule.budget_id}:{'total' if start_ts is None else int(start_ts)}",
-            rule.limit_nanos,
-            ledger,
-            as_of,
-            rule.blocking,
-            group,
-            None if end_ts is None else end_ts + WINDOW_MARGIN_S,
-        )
+        bucket = _bucket(rule, group, start_ts, end_ts, ledger, as_of)
         if len(self._kept) >= KEPT_BUCKETS:
             self._kept.clear()
         self._kept[id(rule)] = (rule, start_ts, group, bucket)
@@ -491,3 +472,25 @@ def _charged(ask: BudgetAsk, holder: str, costs: Sequence[int]) -> list[tuple[st
         if c:
             charged.append((buckets[i].key, holder))
     return charged
+
+
+def _bucket(
+    rule: BudgetRule,
+    group: int,
+    start_ts: float | None,
+    end_ts: float | None,
+    ledger: int,
+    as_of: float,
+    suffix: str = "",
+) -> BudgetBucket:
+    """`rule`'s counter in the window from `start_ts` (`suffix` names one end user's share)."""
+    window = "total" if start_ts is None else int(start_ts)
+    return BudgetBucket(
+        f"bg:{rule.budget_id}:{window}{suffix}",
+        rule.limit_nanos,
+        ledger,
+        as_of,
+        rule.blocking,
+        group,
+        None if end_ts is None else end_ts + WINDOW_MARGIN_S,
+    )
