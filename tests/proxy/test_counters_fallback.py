@@ -103,11 +103,19 @@ def redis_server(port: int, directory: Path) -> Iterator[None]:
         stop(process)
 
 
+def stopped_clock() -> ManualClock:
+    """A clock only the test moves: the retry is due when the test says so, however long
+    starting a redis-server takes in real time."""
+    clock = ManualClock()
+    clock.freeze()
+    return clock
+
+
 async def test_an_unreachable_redis_is_served_locally_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
-    clock = ManualClock()
+    clock = stopped_clock()
     counters = counters_at(free_port(), clock)  # nothing listens there
     try:
         assert (await counters.take([ONE_A_MINUTE], T0)).admitted
@@ -129,7 +137,7 @@ async def test_calls_go_back_to_redis_once_it_answers_and_retry_s_passed(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
-    clock = ManualClock()
+    clock = stopped_clock()
     port = free_port()
     counters = counters_at(port, clock)
     try:
@@ -155,7 +163,7 @@ async def test_calls_go_back_to_redis_once_it_answers_and_retry_s_passed(
 
 
 async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out() -> None:
-    clock = ManualClock()
+    clock = stopped_clock()
     counters = counters_at(free_port(), clock)
     try:
         assert (await counters.reserve("r1", [BUDGET], [50], 30.0, T0)).admitted
@@ -169,7 +177,7 @@ async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out()
 
 
 async def test_requests_are_admitted_and_finished_locally_while_redis_is_out() -> None:
-    clock = ManualClock()
+    clock = stopped_clock()
     counters = counters_at(free_port(), clock)
     slots = Slots("cc:vk:a", limit=1, lease_s=30.0)
     before = counters.local_calls
