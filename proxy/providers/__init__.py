@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import aiohttp
-
-from proxy.providers._http import ProviderMisconfigured
+from proxy.providers._client import HttpClient
+from proxy.providers._connection import Timeouts
 from proxy.providers.anthropic import AnthropicMessages
 from proxy.providers.base import (
     Operation,
     Provider,
+    ProviderMisconfigured,
     ProviderTimeout,
     ProviderUnreachable,
     Upstream,
@@ -21,22 +21,24 @@ from proxy.providers.openai import AZURE_OPENAI, OPENAI, OPENAI_COMPATIBLE, Open
 from vkgate.clock import Clock
 
 __all__ = [
+    "HttpClient",
     "Operation",
     "Provider",
     "ProviderMisconfigured",
     "ProviderTimeout",
     "ProviderUnreachable",
+    "Timeouts",
     "Upstream",
     "WireFormat",
     "registry",
 ]
 
 
-def registry(session: aiohttp.ClientSession, clock: Clock) -> Mapping[str, Provider]:
+def registry(client: HttpClient, clock: Clock) -> Mapping[str, Provider]:
     return {
-        "openai": OpenAIFormat(OPENAI, session),
-        "openai_compatible": OpenAIFormat(OPENAI_COMPATIBLE, session),
-        "azure_openai": OpenAIFormat(AZURE_OPENAI, session),
-        "anthropic": AnthropicMessages(session),
+        "openai": OpenAIFormat(OPENAI, client),
+        "openai_compatible": OpenAIFormat(OPENAI_COMPATIBLE, client),
+        "azure_openai": OpenAIFormat(AZURE_OPENAI, client),
+        "anthropic": AnthropicMessages(client),
         "mock": MockProvider(clock),
     }

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import aiohttp
 import msgspec
 
-from proxy.providers._http import AiohttpReply, post
-from proxy.providers.base import Operation, Upstream, WireFormat
+from proxy.providers._client import HttpClient
+from proxy.providers.base import Operation, Reply, Upstream, WireFormat
 from vkgate.wire import ChainTarget
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -21,12 +20,12 @@ newer one once the bodies sent to it follow that version's schema.
 
 
 class AnthropicMessages:
-    """The adapter for Anthropic's API, sharing the process's one pooled session."""
+    """The adapter for Anthropic's API, sharing the process's one pooled client."""
 
     kind = "anthropic"
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def __init__(self, client: HttpClient) -> None:
+        self._client = client
 
     def compile(self, target: ChainTarget) -> Upstream:
         # The root, as Anthropic's SDK takes it: the API's own paths start with /v1.
@@ -56,5 +55,5 @@ class AnthropicMessages:
 
     async def send(
         self, upstream: Upstream, operation: Operation, body: bytes, headers: Mapping[str, str]
-    ) -> AiohttpReply:
-        return await post(self._session, upstream.urls[operation], body, headers)
+    ) -> Reply:
+        return await self._client.post(upstream.urls[operation], body, headers)

@@ -34,6 +34,10 @@ class ProviderTimeout(Exception):
     """The provider took longer than a configured timeout."""
 
 
+class ProviderMisconfigured(Exception):
+    """A credential's target cannot be compiled into something callable (a missing base URL)."""
+
+
 class Reply(Protocol):
     """A provider's answer once its status and headers are in; the body follows."""
 

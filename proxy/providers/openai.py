@@ -10,11 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import aiohttp
 import msgspec
 
-from proxy.providers._http import AiohttpReply, ProviderMisconfigured, post
-from proxy.providers.base import Operation, Upstream
+from proxy.providers._client import HttpClient
+from proxy.providers.base import Operation, ProviderMisconfigured, Reply, Upstream
 from vkgate.wire import ChainTarget
 
 PATHS = {Operation.CHAT: "/chat/completions", Operation.EMBEDDINGS: "/embeddings"}
@@ -57,12 +56,12 @@ AZURE_OPENAI = Dialect(
 
 
 class OpenAIFormat:
-    """The adapter for one dialect, sharing the process's one pooled session."""
+    """The adapter for one dialect, sharing the process's one pooled client."""
 
-    def __init__(self, dialect: Dialect, session: aiohttp.ClientSession) -> None:
+    def __init__(self, dialect: Dialect, client: HttpClient) -> None:
         self.kind = dialect.kind
         self._dialect = dialect
-        self._session = session
+        self._client = client
 
     def compile(self, target: ChainTarget) -> Upstream:
         base = (target.base_url or self._dialect.default_base_url or "").rstrip("/")
@@ -88,5 +87,5 @@ class OpenAIFormat:
 
     async def send(
         self, upstream: Upstream, operation: Operation, body: bytes, headers: Mapping[str, str]
-    ) -> AiohttpReply:
-        return await post(self._session, upstream.urls[operation], body, headers)
+    ) -> Reply:
+        return await self._client.post(upstream.urls[operation], body, headers)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiohttp
 import httpx
 import pytest
 from litestar import Litestar
@@ -14,7 +13,7 @@ from proxy.auth import AuthCache
 from proxy.control import ControlPlaneClient, Unreachable
 from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
-from proxy.providers import registry
+from proxy.providers import HttpClient, Timeouts, registry
 from tests.proxy.conftest import TappedTransport, Tenant
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
@@ -37,11 +36,12 @@ async def proxy_parts(
 ) -> AsyncIterator[ProxyParts]:
     road = TappedTransport(httpx.ASGITransport(app=app))
     control = ControlPlaneClient("http://controlplane.test", INTERNAL_SECRET, clock, transport=road)
-    async with aiohttp.ClientSession() as session:
-        cache = AuthCache(control, registry(session, clock), clock)
-        # timeout 0: each poll answers at once, so the test drives the feed step by step.
-        yield ProxyParts(road, cache, ChangeFeedPoller(control, cache, timeout_s=0))
-        await cache.close()
+    providers = HttpClient(Timeouts(connect_s=2, read_s=10, total_s=30), user_agent="vkgate-test")
+    cache = AuthCache(control, registry(providers, clock), clock)
+    # timeout 0: each poll answers at once, so the test drives the feed step by step.
+    yield ProxyParts(road, cache, ChangeFeedPoller(control, cache, timeout_s=0))
+    await cache.close()
+    await providers.close()
     await control.close()
 
 

@@ -9,7 +9,6 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import anthropic
 import httpx
 import msgspec
@@ -18,11 +17,13 @@ import pytest
 
 import vkgate
 from proxy.providers import (
+    HttpClient,
     Operation,
     Provider,
     ProviderMisconfigured,
     ProviderTimeout,
     ProviderUnreachable,
+    Timeouts,
     Upstream,
     WireFormat,
     registry,
@@ -42,28 +43,29 @@ AZURE_DEPLOYMENT = "gpt-4o-mini-prod"
 AZURE_VERSION = "2024-10-21"
 
 
-def session_like_the_proxys(first_byte_timeout_s: float) -> aiohttp.ClientSession:
-    """Built as `proxy.app._session` builds the proxy's, with short timeouts."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=4096, ttl_dns_cache=300, keepalive_timeout=60),
-        timeout=aiohttp.ClientTimeout(total=30, sock_connect=2, sock_read=first_byte_timeout_s),
-        headers={"User-Agent": f"vkgate/{vkgate.__version__}"},
+def client_like_the_proxys(first_byte_timeout_s: float) -> HttpClient:
+    """Built as `proxy.app._provider_client` builds the proxy's, with short timeouts."""
+    return HttpClient(
+        Timeouts(connect_s=2, read_s=first_byte_timeout_s, total_s=30),
+        user_agent=f"vkgate/{vkgate.__version__}",
     )
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with session_like_the_proxys(first_byte_timeout_s=10) as session:
-        yield session
+async def session() -> AsyncIterator[HttpClient]:
+    client = client_like_the_proxys(first_byte_timeout_s=10)
+    yield client
+    await client.close()
 
 
 @pytest.fixture
-async def impatient_session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with session_like_the_proxys(first_byte_timeout_s=0.2) as session:
-        yield session
+async def impatient_session() -> AsyncIterator[HttpClient]:
+    client = client_like_the_proxys(first_byte_timeout_s=0.2)
+    yield client
+    await client.close()
 
 
-def adapter(kind: str, session: aiohttp.ClientSession) -> Provider:
+def adapter(kind: str, session: HttpClient) -> Provider:
     return registry(session, ManualClock())[kind]
 
 
@@ -81,7 +83,7 @@ class Subject:
     """The header carrying the provider key, as the provider expects it."""
     request: dict[str, Any]
     """A plain request in the provider's wire format."""
-    session: aiohttp.ClientSession
+    session: HttpClient
 
     def body(self, **fields: Any) -> bytes:
         return json.dumps({**self.request, **fields}).encode()
@@ -92,7 +94,7 @@ class Subject:
             upstream, self.operation, self.body(**fields), upstream.headers
         )
 
-    def recompiled(self, session: aiohttp.ClientSession, **target: Any) -> Upstream:
+    def recompiled(self, session: HttpClient, **target: Any) -> Upstream:
         """This credential compiled again, on another session or with other target fields."""
         return adapter(self.kind, session).compile(msgspec.structs.replace(self.target, **target))
 
@@ -109,7 +111,7 @@ def target(kind: str, base_url: str | None, model: str, api_key: str, **more: An
     )
 
 
-def subject_for(kind: str, fake: FakeProvider, session: aiohttp.ClientSession) -> Subject:
+def subject_for(kind: str, fake: FakeProvider, session: HttpClient) -> Subject:
     if kind == "anthropic":
         model = "claude-3-5-haiku-20241022"
         chain_target = target(kind, fake.url, model, fake.api_key)
@@ -144,9 +146,7 @@ def serve_fake(kind: str) -> AbstractAsyncContextManager[FakeProvider]:
 
 
 @pytest.fixture(params=HTTP_KINDS)
-async def subject(
-    request: pytest.FixtureRequest, session: aiohttp.ClientSession
-) -> AsyncIterator[Subject]:
+async def subject(request: pytest.FixtureRequest, session: HttpClient) -> AsyncIterator[Subject]:
     async with serve_fake(request.param) as fake:
         yield subject_for(request.param, fake, session)
 
@@ -252,7 +252,7 @@ async def test_closing_a_reply_mid_stream_ends_the_providers_request(subject: Su
 
 
 async def test_a_provider_stalling_past_the_read_timeout_raises_provider_timeout(
-    subject: Subject, impatient_session: aiohttp.ClientSession
+    subject: Subject, impatient_session: HttpClient
 ) -> None:
     subject.fake.hold = asyncio.Event()
     upstream = subject.recompiled(impatient_session)
@@ -297,13 +297,13 @@ async def test_a_stream_cut_midway_raises_provider_unreachable_from_chunks(
 
 @pytest.mark.parametrize("kind", ["azure_openai", "openai_compatible"])
 def test_a_kind_without_a_default_address_refuses_to_compile_without_base_url(
-    kind: str, session: aiohttp.ClientSession
+    kind: str, session: HttpClient
 ) -> None:
     with pytest.raises(ProviderMisconfigured, match="base_url"):
         adapter(kind, session).compile(target(kind, None, "some-model", "sk-some"))
 
 
-def test_openai_defaults_to_openais_own_address(session: aiohttp.ClientSession) -> None:
+def test_openai_defaults_to_openais_own_address(session: HttpClient) -> None:
     upstream = adapter("openai", session).compile(target("openai", None, "gpt-4o", "sk-x"))
     assert upstream.urls == {
         Operation.CHAT: "https://api.openai.com/v1/chat/completions",
@@ -312,7 +312,7 @@ def test_openai_defaults_to_openais_own_address(session: aiohttp.ClientSession) 
 
 
 def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
-    session: aiohttp.ClientSession,
+    session: HttpClient,
 ) -> None:
     upstream = adapter("azure_openai", session).compile(
         target("azure_openai", "https://acme.openai.azure.com/", "team a/gpt-4o", "azure-key")
@@ -326,7 +326,7 @@ def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
 
 
 def test_anthropic_defaults_to_its_root_and_version_and_keeps_extra_headers(
-    session: aiohttp.ClientSession,
+    session: HttpClient,
 ) -> None:
     upstream = adapter("anthropic", session).compile(
         target(
@@ -346,7 +346,7 @@ def test_anthropic_defaults_to_its_root_and_version_and_keeps_extra_headers(
     }
 
 
-def test_anthropic_takes_the_credentials_api_version(session: aiohttp.ClientSession) -> None:
+def test_anthropic_takes_the_credentials_api_version(session: HttpClient) -> None:
     upstream = adapter("anthropic", session).compile(
         target("anthropic", None, "claude-2.1", "sk-ant-x", api_version="2023-01-01")
     )
@@ -355,7 +355,7 @@ def test_anthropic_takes_the_credentials_api_version(session: aiohttp.ClientSess
 
 @pytest.mark.parametrize("kind", ["openai", "openai_compatible", "azure_openai"])
 async def test_embeddings_reach_the_providers_embeddings_route(
-    kind: str, session: aiohttp.ClientSession
+    kind: str, session: HttpClient
 ) -> None:
     async with serve_fake_openai() as fake:
         subject = subject_for(kind, fake, session)

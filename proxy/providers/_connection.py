@@ -1,0 +1,382 @@
+"""One HTTP/1.1 connection to a provider, and the answer it carries (httptools parses it).
+
+A request is written in one call (head and body together); its answer is a `Response` that the
+gateway reads whole or chunk by chunk. The connection goes back to its client's pool the moment
+an answer ends (the body is the `Response`'s by then), whether or not it was read yet; a
+connection whose answer did not end (cut short, timed out, abandoned) is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import httptools
+
+from proxy.providers.base import ProviderTimeout, ProviderUnreachable
+
+HIGH_WATER = 256 * 1024
+"""Unread bytes of a streamed answer above which the connection stops reading from the
+provider, until the gateway has taken them."""
+
+_DECODERS: dict[bytes, Callable[[], zlib._Decompress]] = {
+    # wbits 47: a gzip or a zlib header, found by looking (`deflate` is often either).
+    b"gzip": lambda: zlib.decompressobj(47),
+    b"x-gzip": lambda: zlib.decompressobj(47),
+    b"deflate": lambda: zlib.decompressobj(47),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float
+    """To open a connection (TCP and TLS)."""
+    read_s: float
+    """Between two arrivals of an answer's bytes, from the request written on."""
+    total_s: float
+    """From the call to the last byte of its answer."""
+
+
+class Connection(asyncio.Protocol):
+    """A kept-alive connection to one origin; carries one request at a time."""
+
+    __slots__ = ("_release", "clean", "idle_since", "lost", "origin", "response", "transport")
+
+    def __init__(self, origin: tuple[str, str, int], release: Callable[[Connection], None]):
+        self.origin = origin
+        self._release = release
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.lost = False
+        self.clean = True
+        """Nothing arrived that no request asked for: the connection may carry another."""
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        response = self.response
+        if response is None or response.complete:
+            # Bytes no request asked for: this connection cannot be trusted with another.
+            self.clean = False
+            self.abort()
+            return
+        response.arrived(data)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes; `connection_lost` ends what was in flight
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        response = self.response
+        if response is not None:
+            self.response = None
+            if not response.complete:
+                response.cut(exc)
+        self._release(self)
+
+    def usable(self) -> bool:
+        transport = self.transport
+        return self.clean and not self.lost and transport is not None and not transport.is_closing()
+
+    async def request(
+        self, data: tuple[bytes, bytes], deadline: float, timeouts: Timeouts
+    ) -> Response:
+        """Write one request (head, body) and return its answer once its head is in."""
+        response = self.response = Response(self, deadline, timeouts)
+        assert self.transport is not None
+        self.transport.writelines(data)
+        try:
+            await response.head
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    def answered(self) -> None:
+        """The current answer ended: the connection may carry another."""
+        self._release(self)
+
+    def abort(self) -> None:
+        self.clean = False
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Response:
+    """A provider's answer (`proxy.providers.base.Reply`): status and headers once `head` is
+    done, the body read whole (`read`) or as it comes (`chunks`)."""
+
+    __slots__ = (
+        "_chunks",
+        "_connection",
+        "_deadline",
+        "_decoder",
+        "_encoding",
+        "_error",
+        "_framed",
+        "_informational",
+        "_last_read",
+        "_loop",
+        "_parser",
+        "_paused",
+        "_streaming",
+        "_timeouts",
+        "_timer",
+        "_unread",
+        "_waiter",
+        "complete",
+        "content_type",
+        "head",
+        "retry_after",
+        "status",
+    )
+
+    def __init__(self, connection: Connection, deadline: float, timeouts: Timeouts) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._connection = connection
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
+        self._timeouts = timeouts
+        self._deadline = deadline
+        now = loop.time()
+        self._last_read = now
+        self._timer: asyncio.TimerHandle | None = loop.call_at(
+            min(now + timeouts.read_s, deadline), self._check_time
+        )
+        self.head: asyncio.Future[None] = loop.create_future()
+        self.status = 0
+        self.content_type = b"application/json"
+        self.retry_after: bytes | None = None
+        self.complete = False
+        self._error: Exception | None = None
+        self._chunks: list[bytes] = []
+        self._unread = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._streaming = False
+        self._paused = False
+        self._encoding: bytes | None = None
+        self._decoder: zlib._Decompress | None = None
+        self._framed = False
+        """The answer says where its body ends (a length, or chunks); else the close ends it."""
+        self._informational = False
+
+    # -- bytes in, from the connection ----------------------------------------------------------
+
+    def arrived(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            return  # ended or failed: what follows is no part of this answer
+        self._last_read = self._loop.time()
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.fail(ProviderUnreachable("the provider switched protocols"))
+        except httptools.HttpParserError as exc:
+            self.fail(ProviderUnreachable(f"malformed HTTP answer from the provider: {exc}"))
+
+    def cut(self, exc: Exception | None) -> None:
+        """The connection closed before this answer ended."""
+        if self._error is not None:
+            return
+        if self.head.done() and not self._framed and not self._informational:
+            self._ended()  # a body that runs until the connection closes, whole
+            return
+        where = "its answer was cut short" if self.head.done() else "before answering"
+        detail = f": {exc}" if exc is not None else ""
+        self.fail(ProviderUnreachable(f"the provider closed the connection {where}{detail}"))
+
+    # -- httptools' callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second answer to one request: whatever it is, the connection is not reused.
+            self._connection.clean = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-type":
+            self.content_type = value
+        elif name == b"retry-after":
+            self.retry_after = value
+        elif name == b"content-length":
+            self._framed = True
+        elif name == b"transfer-encoding":
+            self._framed = self._framed or b"chunked" in value.lower()
+        elif name == b"content-encoding":
+            self._encoding = value.strip().lower()
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        if parser is None:
+            return
+        status = parser.get_status_code()
+        if status < 200:
+            # 100 Continue and the like: the answer is still to come.
+            self._informational = True
+            self.content_type, self.retry_after, self._encoding = b"application/json", None, None
+            self._framed = False
+            return
+        self.status = status
+        if status in (204, 304):
+            self._framed = True
+        encoding = self._encoding
+        if encoding is not None and encoding != b"identity":
+            make = _DECODERS.get(encoding)
+            if make is None:
+                self.fail(ProviderUnreachable(f"unsupported content-encoding {encoding!r}"))
+                return
+            self._decoder = make()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        decoder = self._decoder
+        if decoder is not None:
+            try:
+                body = decoder.decompress(body)
+            except zlib.error as exc:
+                self.fail(ProviderUnreachable(f"the provider's answer does not decompress: {exc}"))
+                return
+            if not body:
+                return
+        self._chunks.append(body)
+        self._unread += len(body)
+        if self._streaming and not self._paused and self._unread > HIGH_WATER:
+            self._paused = True
+            transport = self._connection.transport
+            if transport is not None:
+                transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            self._informational = False
+            return
+        parser = self._parser
+        if self._error is None and not self.complete and parser is not None:
+            keep_alive = parser.should_keep_alive()
+            self._ended()
+            if self.complete and keep_alive and self._connection.clean:
+                self._connection.answered()
+            else:
+                self._connection.abort()
+
+    def _ended(self) -> None:
+        decoder = self._decoder
+        if decoder is not None:
+            try:
+                rest = decoder.flush()
+            except zlib.error as exc:  # pragma: no cover - flush raises only on a broken stream
+                self.fail(ProviderUnreachable(f"the provider's answer does not decompress: {exc}"))
+                return
+            if rest:
+                self._chunks.append(rest)
+            if not decoder.eof:
+                self.fail(ProviderUnreachable("the provider's compressed answer was cut short"))
+                return
+        self.complete = True
+        # The parser refers back to this answer: let go of it, and no cycle outlives the call.
+        self._parser = None
+        self._stop_timer()
+        if not self.head.done():
+            self.head.set_result(None)
+        self._wake()
+
+    # -- failure and time -------------------------------------------------------------------------
+
+    def fail(self, error: Exception) -> None:
+        """End this answer with `error`: whoever waits for it hears it; the connection closes."""
+        if self.complete or self._error is not None:
+            return
+        self._error = error
+        self._parser = None
+        self._stop_timer()
+        if not self.head.done():
+            self.head.set_exception(error)
+            # Retrieved here, so an answer no one awaits logs no "exception never retrieved".
+            self.head.exception()
+        self._wake()
+        self._connection.abort()
+
+    def _check_time(self) -> None:
+        self._timer = None
+        if self.complete or self._error is not None:
+            return
+        now = self._loop.time()
+        timeouts = self._timeouts
+        if now >= self._deadline:
+            self.fail(ProviderTimeout(f"no whole answer within {timeouts.total_s:g} s"))
+            return
+        if self._paused:
+            # The gateway is behind, not the provider: its clock starts again once reading does.
+            self._last_read = now
+        due = self._last_read + timeouts.read_s
+        if now >= due:
+            self.fail(ProviderTimeout(f"no data from the provider for {timeouts.read_s:g} s"))
+            return
+        self._timer = self._loop.call_at(min(due, self._deadline), self._check_time)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- the gateway's side ---------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        while not self.complete:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._unread = 0
+        return data
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: what is there at each turn, in one piece."""
+        self._streaming = True
+        chunks = self._chunks
+        while True:
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._unread = 0
+                if self._paused:
+                    self._paused = False
+                    transport = self._connection.transport
+                    if transport is not None and not transport.is_closing():
+                        transport.resume_reading()
+                yield data
+                continue
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                return
+            await self._wait()
+
+    def close(self) -> None:
+        """Done with this answer: a connection still carrying it is closed."""
+        if not self.complete:
+            self._stop_timer()
+            if self._error is None:
+                self._error = ProviderUnreachable("the answer was abandoned")
+            self._connection.abort()
