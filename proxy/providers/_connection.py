@@ -21,12 +21,55 @@ HIGH_WATER = 256 * 1024
 """Unread bytes of a streamed answer above which the connection stops reading from the
 provider, until the gateway has taken them."""
 
-_DECODERS: dict[bytes, Callable[[], zlib._Decompress]] = {
-    # wbits 47: a gzip or a zlib header, found by looking (`deflate` is often either).
-    b"gzip": lambda: zlib.decompressobj(47),
-    b"x-gzip": lambda: zlib.decompressobj(47),
-    b"deflate": lambda: zlib.decompressobj(47),
-}
+
+class Decoder:
+    """A `gzip` or `deflate` body, decoded as it arrives.
+
+    wbits 47 takes a gzip or a zlib header, found by looking; a `deflate` body without its
+    zlib header (raw deflate, as some servers send it) is tried again as such; a gzip body of
+    several members is decoded whole.
+    """
+
+    __slots__ = ("_fed", "_raw_allowed", "_z")
+
+    def __init__(self, encoding: bytes) -> None:
+        self._z = zlib.decompressobj(47)
+        self._raw_allowed = encoding == b"deflate"
+        self._fed = False
+
+    def decompress(self, data: bytes) -> bytes:
+        """Raises zlib.error on a body that does not decode."""
+        if not data:
+            return b""
+        first, self._fed = not self._fed, True
+        try:
+            out = self._z.decompress(data)
+        except zlib.error:
+            if not (first and self._raw_allowed):
+                raise
+            self._z = zlib.decompressobj(-15)
+            out = self._z.decompress(data)
+        z = self._z
+        if not (z.eof and z.unused_data):
+            return out
+        parts = [out]
+        while z.eof and z.unused_data:
+            rest = z.unused_data
+            z = self._z = zlib.decompressobj(47)
+            parts.append(z.decompress(rest))
+        return b"".join(parts)
+
+    def finish(self) -> bytes:
+        """What is left once the body ended; zlib.error if it ended inside the stream."""
+        if not self._fed:
+            return b""  # an empty body: nothing was compressed
+        rest = self._z.flush()
+        if not self._z.eof:
+            raise zlib.error("the compressed answer was cut short")
+        return rest
+
+
+_ENCODINGS = frozenset((b"gzip", b"x-gzip", b"deflate"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +82,49 @@ class Timeouts:
     """From the call to the last byte of its answer."""
 
 
+def _again(error: Exception) -> Exception:
+    """The answer's failure, raised afresh for each reader: the stored one then holds no
+    traceback, whose frames would hold the answer."""
+    return type(error)(*error.args)
+
+
+class StaleConnection(ProviderUnreachable):
+    """A kept-alive connection was closed by the provider before it read the request."""
+
+
 class Connection(asyncio.Protocol):
     """A kept-alive connection to one origin; carries one request at a time."""
 
-    __slots__ = ("_release", "clean", "idle_since", "lost", "origin", "response", "transport")
+    __slots__ = (
+        "_loop",
+        "_release",
+        "aborted",
+        "clean",
+        "idle_since",
+        "lost",
+        "origin",
+        "response",
+        "served",
+        "transport",
+    )
 
-    def __init__(self, origin: tuple[str, str, int], release: Callable[[Connection], None]):
+    def __init__(
+        self,
+        origin: tuple[str, str, int],
+        loop: asyncio.AbstractEventLoop,
+        release: Callable[[Connection], None],
+    ):
         self.origin = origin
+        self._loop = loop
         self._release = release
         self.transport: asyncio.Transport | None = None
         self.response: Response | None = None
         self.lost = False
+        self.aborted = False
+        """Closed by this side: what the connection carried did not end by the provider's
+        close."""
+        self.served = 0
+        """Answers it carried whole: a connection that carried one was kept alive."""
         self.clean = True
         """Nothing arrived that no request asked for: the connection may carry another."""
         self.idle_since = 0.0
@@ -85,8 +160,9 @@ class Connection(asyncio.Protocol):
     async def request(
         self, data: tuple[bytes, bytes], deadline: float, timeouts: Timeouts
     ) -> Response:
-        """Write one request (head, body) and return its answer once its head is in."""
-        response = self.response = Response(self, deadline, timeouts)
+        """Write one request (head, body) and return its answer once its head is in; raises
+        `StaleConnection` when a kept-alive connection closed before a byte of it arrived."""
+        response = self.response = Response(self, self._loop, deadline, timeouts)
         assert self.transport is not None
         self.transport.writelines(data)
         try:
@@ -98,10 +174,12 @@ class Connection(asyncio.Protocol):
 
     def answered(self) -> None:
         """The current answer ended: the connection may carry another."""
+        self.served += 1
         self._release(self)
 
     def abort(self) -> None:
         self.clean = False
+        self.aborted = True
         if self.transport is not None:
             self.transport.abort()
 
@@ -123,9 +201,9 @@ class Response:
         "_loop",
         "_parser",
         "_paused",
+        "_received",
         "_streaming",
         "_timeouts",
-        "_timer",
         "_unread",
         "_waiter",
         "complete",
@@ -135,18 +213,19 @@ class Response:
         "status",
     )
 
-    def __init__(self, connection: Connection, deadline: float, timeouts: Timeouts) -> None:
-        loop = asyncio.get_running_loop()
+    def __init__(
+        self,
+        connection: Connection,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        timeouts: Timeouts,
+    ) -> None:
         self._loop = loop
         self._connection = connection
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._timeouts = timeouts
         self._deadline = deadline
-        now = loop.time()
-        self._last_read = now
-        self._timer: asyncio.TimerHandle | None = loop.call_at(
-            min(now + timeouts.read_s, deadline), self._check_time
-        )
+        self._last_read = loop.time()
         self.head: asyncio.Future[None] = loop.create_future()
         self.status = 0
         self.content_type = b"application/json"
@@ -159,7 +238,9 @@ class Response:
         self._streaming = False
         self._paused = False
         self._encoding: bytes | None = None
-        self._decoder: zlib._Decompress | None = None
+        self._decoder: Decoder | None = None
+        self._received = False
+        """A byte of this answer arrived."""
         self._framed = False
         """The answer says where its body ends (a length, or chunks); else the close ends it."""
         self._informational = False
@@ -171,6 +252,7 @@ class Response:
         if parser is None:
             return  # ended or failed: what follows is no part of this answer
         self._last_read = self._loop.time()
+        self._received = True
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -182,12 +264,21 @@ class Response:
         """The connection closed before this answer ended."""
         if self._error is not None:
             return
-        if self.head.done() and not self._framed and not self._informational:
-            self._ended()  # a body that runs until the connection closes, whole
+        connection = self._connection
+        if exc is None and not connection.aborted and self.head.done() and not self._framed:
+            self._ended()  # a body that runs until the provider closes, whole
             return
-        where = "its answer was cut short" if self.head.done() else "before answering"
         detail = f": {exc}" if exc is not None else ""
-        self.fail(ProviderUnreachable(f"the provider closed the connection {where}{detail}"))
+        if self.head.done():
+            self.fail(ProviderUnreachable(f"the provider's answer was cut short{detail}"))
+        elif connection.served and not self._received:
+            # Kept alive, then closed by the provider as this request went out (its idle
+            # time ran out): it never read the request, which can go on a new connection.
+            self.fail(StaleConnection(f"the provider closed a kept-alive connection{detail}"))
+        else:
+            self.fail(
+                ProviderUnreachable(f"the provider closed the connection before answering{detail}")
+            )
 
     # -- httptools' callbacks ---------------------------------------------------------------------
 
@@ -197,6 +288,8 @@ class Response:
             self._connection.clean = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._parser is None:
+            return  # a second answer, after this one ended: not this answer's header
         name = name.lower()
         if name == b"content-type":
             self.content_type = value
@@ -225,15 +318,16 @@ class Response:
             self._framed = True
         encoding = self._encoding
         if encoding is not None and encoding != b"identity":
-            make = _DECODERS.get(encoding)
-            if make is None:
+            if encoding not in _ENCODINGS:
                 self.fail(ProviderUnreachable(f"unsupported content-encoding {encoding!r}"))
                 return
-            self._decoder = make()
+            self._decoder = Decoder(encoding)
         if not self.head.done():
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._parser is None:
+            return  # ended or failed: not this answer's body
         decoder = self._decoder
         if decoder is not None:
             try:
@@ -260,28 +354,28 @@ class Response:
         if self._error is None and not self.complete and parser is not None:
             keep_alive = parser.should_keep_alive()
             self._ended()
-            if self.complete and keep_alive and self._connection.clean:
-                self._connection.answered()
+            connection = self._connection
+            if self._paused:
+                # The body is this answer's now; the connection reads again, for the next.
+                self._resume()
+            if self.complete and keep_alive and connection.clean:
+                connection.answered()
             else:
-                self._connection.abort()
+                connection.abort()
 
     def _ended(self) -> None:
         decoder = self._decoder
         if decoder is not None:
             try:
-                rest = decoder.flush()
-            except zlib.error as exc:  # pragma: no cover - flush raises only on a broken stream
+                rest = decoder.finish()
+            except zlib.error as exc:
                 self.fail(ProviderUnreachable(f"the provider's answer does not decompress: {exc}"))
                 return
             if rest:
                 self._chunks.append(rest)
-            if not decoder.eof:
-                self.fail(ProviderUnreachable("the provider's compressed answer was cut short"))
-                return
         self.complete = True
         # The parser refers back to this answer: let go of it, and no cycle outlives the call.
         self._parser = None
-        self._stop_timer()
         if not self.head.done():
             self.head.set_result(None)
         self._wake()
@@ -294,7 +388,6 @@ class Response:
             return
         self._error = error
         self._parser = None
-        self._stop_timer()
         if not self.head.done():
             self.head.set_exception(error)
             # Retrieved here, so an answer no one awaits logs no "exception never retrieved".
@@ -302,28 +395,22 @@ class Response:
         self._wake()
         self._connection.abort()
 
-    def _check_time(self) -> None:
-        self._timer = None
-        if self.complete or self._error is not None:
-            return
-        now = self._loop.time()
+    @property
+    def waiting(self) -> bool:
+        """Whether this answer has yet to end (so its timeouts still apply)."""
+        return not self.complete and self._error is None
+
+    def check_time(self, now: float) -> None:
+        """Fail this answer if one of its timeouts has run out by `now` (the client's ticker
+        calls it while the answer is `waiting`)."""
         timeouts = self._timeouts
         if now >= self._deadline:
             self.fail(ProviderTimeout(f"no whole answer within {timeouts.total_s:g} s"))
-            return
-        if self._paused:
+        elif self._paused:
             # The gateway is behind, not the provider: its clock starts again once reading does.
             self._last_read = now
-        due = self._last_read + timeouts.read_s
-        if now >= due:
+        elif now - self._last_read >= timeouts.read_s:
             self.fail(ProviderTimeout(f"no data from the provider for {timeouts.read_s:g} s"))
-            return
-        self._timer = self._loop.call_at(min(due, self._deadline), self._check_time)
-
-    def _stop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     # -- the gateway's side ---------------------------------------------------------------------
 
@@ -341,9 +428,11 @@ class Response:
 
     async def read(self) -> bytes:
         """The whole body."""
+        if self._paused:
+            self._resume()
         while not self.complete:
             if self._error is not None:
-                raise self._error
+                raise _again(self._error)
             await self._wait()
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -361,22 +450,25 @@ class Response:
                 chunks.clear()
                 self._unread = 0
                 if self._paused:
-                    self._paused = False
-                    transport = self._connection.transport
-                    if transport is not None and not transport.is_closing():
-                        transport.resume_reading()
+                    self._resume()
                 yield data
                 continue
             if self._error is not None:
-                raise self._error
+                raise _again(self._error)
             if self.complete:
                 return
             await self._wait()
 
+    def _resume(self) -> None:
+        self._paused = False
+        transport = self._connection.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
     def close(self) -> None:
         """Done with this answer: a connection still carrying it is closed."""
         if not self.complete:
-            self._stop_timer()
+            self._parser = None
             if self._error is None:
                 self._error = ProviderUnreachable("the answer was abandoned")
             self._connection.abort()

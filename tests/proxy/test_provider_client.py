@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import datetime
 import gzip
+import socket
 import ssl
+import struct
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -217,10 +219,7 @@ async def test_a_connection_the_provider_closed_while_idle_is_not_reused(
         server.answers[0] = fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}", keep=False)
         await (await http.post(server.url + "/x", BODY, {})).read()
         await asyncio.wait_for(server.connection_closed.wait(), 5)
-        for _ in range(1000):
-            if not any(http._idle.values()):
-                break
-            await asyncio.sleep(0)
+        await until(lambda: not any(http._idle.values()))
         reply = await http.post(server.url + "/x", BODY, {})
         assert await reply.read() == b'{"ok":true}'
     assert server.connections == 2
@@ -243,6 +242,20 @@ async def test_a_corrupt_compressed_answer_is_a_failure(http: HttpClient) -> Non
         reply = await http.post(server.url + "/x", BODY, {})
         with pytest.raises(ProviderUnreachable, match="decompress"):
             await reply.read()
+
+
+async def test_empty_raw_deflate_and_several_member_gzip_bodies_decode(http: HttpClient) -> None:
+    raw = zlib.compressobj(wbits=-15)
+    raw_deflate = raw.compress(b'{"a":1}') + raw.flush()
+    members = gzip.compress(b'{"a":') + gzip.compress(b"1}")
+    async with Scripted(
+        json_answer(b"", b"content-encoding: gzip\r\n"),
+        json_answer(raw_deflate, b"content-encoding: deflate\r\n"),
+        json_answer(members, b"content-encoding: gzip\r\n"),
+    ) as server:
+        for expected in (b"", b'{"a":1}', b'{"a":1}'):
+            reply = await http.post(server.url + "/x", BODY, {})
+            assert await reply.read() == expected
 
 
 async def test_an_informational_answer_before_the_real_one_is_skipped(http: HttpClient) -> None:
@@ -330,6 +343,15 @@ async def test_a_malformed_answer_is_a_failure(http: HttpClient) -> None:
             await http.post(server.url + "/x", BODY, {})
 
 
+async def test_a_second_answer_in_the_same_packet_is_not_read_into_the_first(
+    http: HttpClient,
+) -> None:
+    second = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 9\r\n\r\n<injected>"
+    async with Scripted(fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}" + second)) as server:
+        reply = await http.post(server.url + "/x", BODY, {})
+        assert (await reply.read(), reply.content_type) == (b"{}", b"application/json")
+
+
 async def test_bytes_no_request_asked_for_keep_the_connection_from_reuse(
     http: HttpClient,
 ) -> None:
@@ -359,6 +381,105 @@ async def test_an_abandoned_answer_closes_its_connection(http: HttpClient) -> No
         assert server.closed_connections == 1
 
 
+async def test_a_body_that_runs_until_close_is_cut_when_the_connection_is_reset_or_ours_closes(
+    http: HttpClient,
+) -> None:
+    async def partial(writer: asyncio.StreamWriter) -> bool:
+        writer.write(JSON_HEAD + b"\r\n" + b'{"text":"partial')
+        await writer.drain()
+        await server.release.wait()
+        linger = struct.pack("ii", 1, 0)  # closed with a reset, not a FIN
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        writer.transport.abort()
+        return False
+
+    async with Scripted(partial) as server:
+        reply = await http.post(server.url + "/x", BODY, {})
+        server.release.set()
+        with pytest.raises(ProviderUnreachable, match="cut short"):
+            await reply.read()
+    async with Scripted(partial) as server:
+        other = client()
+        reply = await other.post(server.url + "/x", BODY, {})
+        await other.close()
+        with pytest.raises(ProviderUnreachable, match="cut short"):
+            await reply.read()
+
+
+async def test_a_kept_alive_connection_the_provider_closes_as_a_request_goes_out_is_replaced(
+    http: HttpClient,
+) -> None:
+    # The provider closes right after a whole answer (its idle time, or its requests per
+    # connection, ran out), without saying so: the next request may already be on its way.
+    async with Scripted(fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}", keep=False)) as server:
+        server.answers.append(json_answer())
+        await (await http.post(server.url + "/x", BODY, {})).read()
+        # Sent at once, before the loop has seen the close.
+        reply = await http.post(server.url + "/x", BODY, {})
+        assert await reply.read() == b'{"ok":true}'
+    assert server.connections == 2
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Turns of the loop until `condition` holds (bounded: the test fails rather than hangs)."""
+    for _ in range(100_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_stream_abandoned_after_its_provider_finished_leaves_a_reusable_connection(
+    http: HttpClient,
+) -> None:
+    # The last bytes take the unread part of a stream over HIGH_WATER and end it, in one read:
+    # the connection went back to the pool while reading was paused for the slow reader.
+    more = asyncio.Event()
+
+    async def big(writer: asyncio.StreamWriter) -> bool:
+        length = 1 + HIGH_WATER + 10
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\nx" % length)
+        await writer.drain()
+        await server.release.wait()
+        writer.write(b"y" * HIGH_WATER)
+        await writer.drain()
+        await more.wait()
+        writer.write(b"z" * 10)
+        await writer.drain()
+        return True
+
+    async with Scripted(big, json_answer()) as server:
+        reply = await http.post(server.url + "/x", BODY, {})
+        assert await anext(reply.chunks()) == b"x"
+        server.release.set()  # the provider goes on while the gateway's client is slow
+        await until(lambda: reply._unread >= HIGH_WATER)
+        more.set()
+        await until(lambda: reply.complete)
+        reply.close()  # and then the client goes away
+        reply = await http.post(server.url + "/x", BODY, {})
+        assert await reply.read() == b'{"ok":true}'
+    assert server.connections == 1
+
+
+async def test_framing_headers_from_a_credential_are_not_sent(http: HttpClient) -> None:
+    extra = {
+        "Transfer-Encoding": "chunked",
+        "Content-Length": "1",
+        "Connection": "close",
+        "x-ok": "1",
+    }
+    async with Scripted(json_answer(), json_answer()) as server:
+        for _ in range(2):
+            assert await (await http.post(server.url + "/x", BODY, extra)).read() == b'{"ok":true}'
+    lines = server.requests[0][0].decode().lower().split("\r\n")
+    assert not [line for line in lines if line.startswith(("transfer-encoding", "connection"))]
+    assert [line for line in lines if line.startswith("content-length")] == [
+        f"content-length: {len(BODY)}"
+    ]
+    assert "x-ok: 1" in lines
+    assert server.connections == 1
+
+
 async def test_unreachable_and_unreadable_urls_are_failures(http: HttpClient) -> None:
     with pytest.raises(ProviderUnreachable, match="cannot connect"):
         await http.post(f"http://127.0.0.1:{free_port()}/x", BODY, {})
@@ -366,6 +487,8 @@ async def test_unreachable_and_unreadable_urls_are_failures(http: HttpClient) ->
         await http.post("ftp://example.com/x", BODY, {})
     with pytest.raises(ProviderUnreachable, match="cannot be read"):
         await http.post("http://127.0.0.1:99999/x", BODY, {})
+    with pytest.raises(ProviderUnreachable, match="cannot connect"):
+        await http.post("http://a..b/x", BODY, {})
 
 
 async def test_a_streamed_answer_larger_than_the_buffer_pauses_the_provider_and_arrives_whole(
@@ -378,8 +501,7 @@ async def test_a_streamed_answer_larger_than_the_buffer_pauses_the_provider_and_
         chunks = reply.chunks()
         received += await anext(chunks)
         # Not read for a while: the client stops reading once it holds more than HIGH_WATER.
-        while not reply._paused and not reply.complete:
-            await asyncio.sleep(0)
+        await until(lambda: reply._paused or reply.complete)
         assert reply._paused
         async for chunk in chunks:
             received += chunk
