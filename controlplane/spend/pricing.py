@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Context, Decimal
 from enum import StrEnum
@@ -76,6 +76,18 @@ class ProviderPricing:
     """`price_overrides` as stored: upstream model → {input_per_mtok, output_per_mtok, …}."""
     version: str
     """When the provider row last changed (RFC 3339): which overrides were in force."""
+    _rates: dict[str, Rates] = field(default_factory=dict, compare=False, repr=False)
+    """Each override's rates, worked out once: a segment prices thousands of records of a
+    handful of models."""
+
+    def override_rates(self, model: str) -> Rates | None:
+        rates = self._rates.get(model)
+        if rates is None:
+            override = self.overrides.get(model)
+            if not override:
+                return None
+            rates = self._rates[model] = Rates.of_override(override)
+        return rates
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,10 +212,11 @@ class Pricer:
             return Price(0, PriceSource.MOCK, "")
         if provider is not None:
             for model in _candidates(record.upstream_model, record.served_model):
-                override = provider.overrides.get(model)
-                if override:
-                    usd = Rates.of_override(override).usd(tokens)
-                    return Price(to_nanos(usd), PriceSource.OVERRIDE, provider.version)
+                rates = provider.override_rates(model)
+                if rates is not None:
+                    return Price(
+                        to_nanos(rates.usd(tokens)), PriceSource.OVERRIDE, provider.version
+                    )
         genai_provider = GENAI_PROVIDER_IDS.get(kind or "")
         for model in _candidates(record.served_model, record.upstream_model):
             priced = self._genai_usd(genai_provider, model, at, tokens)
