@@ -476,24 +476,22 @@ class Dispatcher:
         headers = _answer_headers(upstream, reply, request_id, fallbacks, b"text/event-stream")
         headers.append((b"cache-control", b"no-cache"))
         headers.extend(extra)
-        pump = asyncio.ensure_future(self._pump(exchange, committed, pipe, send, headers, outcome))
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        # The stream is pumped in this task; a client that leaves meanwhile ends it from the
+        # watcher, which closes the provider's answer under the pump (a task and a wait per
+        # stream fewer than pumping in a task of its own).
+        watcher = asyncio.ensure_future(_left(receive, outcome, reply))
+        watcher.add_done_callback(_retrieved)
         try:
-            await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if watcher.done() and not pump.done():
+            await self._pump(exchange, committed, pipe, send, headers, outcome)
+        except Exception as exc:
+            # Once the answer started nothing else can be sent; usually the client went away.
+            if not outcome.cancelled:
                 outcome.cancelled = True
-            for task in (pump, watcher):
-                task.cancel()
-            # Both are awaited and the provider's response closed whatever either raised.
-            outcomes = await asyncio.gather(pump, watcher, return_exceptions=True)
+                log.warning("stream ended early: %s", type(exc).__name__)
+        finally:
+            watcher.cancel()
             reply.close()
             outcome.usage, outcome.served_model = pipe.usage, pipe.model
-        failure = outcomes[0]
-        if isinstance(failure, Exception):
-            # Once the answer started nothing else can be sent; usually the client went away.
-            outcome.cancelled = True
-            log.warning("stream ended early: %s", type(failure).__name__)
 
     async def _pump(
         self,
@@ -526,6 +524,8 @@ class Dispatcher:
                 outcome.broke = True
                 self._count_failure(upstream)
         except _CALL_FAILURES as exc:
+            if outcome.cancelled:
+                raise  # the client left, and its watcher closed the answer: no provider fault
             # Headers went out: the error travels in the stream, in the client's format.
             outcome.broke = True
             self._count_failure(upstream)
@@ -544,6 +544,15 @@ class Dispatcher:
             _breaker_opened(upstream)
 
 
-async def _disconnected(receive: Receive) -> None:
+def _retrieved(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _left(receive: Receive, outcome: Outcome, reply: Reply) -> None:
+    """Wait for the client to leave; then the stream is cancelled, and the provider's answer
+    closed under whoever reads it."""
     while (await receive())["type"] != "http.disconnect":
         pass
+    outcome.cancelled = True
+    reply.close()

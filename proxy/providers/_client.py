@@ -10,6 +10,10 @@ around it: kept-alive connections per origin (reused last-in first-out, closed a
 `keepalive_s` idle), TLS, and the contract's three provider timeouts; every failure is one of
 `ProviderUnreachable` or `ProviderTimeout`.
 
+Unlike aiohttp it keeps no DNS cache (a name is resolved when a connection opens, and
+connections are kept alive) and no cap of its own on connections: a request holds at most one
+at a time, so `VKGATE_MAX_IN_FLIGHT` bounds them.
+
 The read and total timeouts are checked by one ticker per client while answers are in flight,
 every quarter of the shorter of the two (at most every second), rather than by a timer per
 call (3 µs a call to set and cancel): a timeout fires up to that much late.
@@ -18,12 +22,16 @@ call (3 µs a call to set and cancel): a timeout fires up to that much late.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Mapping
 from urllib.parse import quote, urlsplit
 
 from proxy.providers._connection import Connection, Response, StaleConnection, Timeouts
 from proxy.providers.base import ProviderTimeout, ProviderUnreachable
+from vkgate.logs import event
+
+log = logging.getLogger("vkgate.proxy.providers")
 
 Origin = tuple[str, str, int]
 """Scheme, host and port: connections to one origin are interchangeable."""
@@ -34,11 +42,21 @@ _MAX_TARGETS = 4096
 _PATH_SAFE = "/%!$&'()*+,;=:@~-._?"
 
 _FRAMING = frozenset(
-    ("content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade")
+    (
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "accept-encoding",
+    )
 )
-"""Headers that say how the request is framed and carried: the client's to write, so a
-credential's extra headers cannot set them (a second length or chunking would have the
-provider read the connection's next request out of this one's body)."""
+"""Headers that say how the request is framed, carried and encoded: the client's to write, so
+a credential's extra headers cannot set them (a second length or chunking would have the
+provider read the connection's next request out of this one's body; an encoding the client
+cannot decode would make every answer unreadable)."""
 
 
 class _Target:
@@ -61,6 +79,9 @@ def _target(url: str) -> _Target:
         raise ProviderUnreachable(
             "the provider's URL is not an http:// or https:// URL with a host"
         )
+    if parts.username is not None or parts.password is not None:
+        # The control plane refuses such a base_url; a credential goes in a header.
+        raise ProviderUnreachable("the provider's URL holds a user name or password")
     if not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
@@ -94,6 +115,8 @@ class HttpClient:
     ) -> None:
         self._timeouts = timeouts
         self._agent_line = f"user-agent: {user_agent}\r\n"
+        # As aiohttp sent them before this client: compressed answers are decoded here.
+        self._accept_lines = "accept: */*\r\naccept-encoding: gzip, deflate\r\n"
         self._keepalive_s = keepalive_s
         self._tls = tls
         self._targets: dict[str, _Target] = {}
@@ -125,7 +148,11 @@ class HttpClient:
             try:
                 return await connection.request((head, body), deadline, self._timeouts)
             except StaleConnection:
-                pass  # the provider never read it: once more, on a new connection
+                # The provider never read it: once more, on a new connection.
+                if self._closed:
+                    raise
+                _, host, port = target.origin
+                event(log, "provider_connection_replaced", address=f"{host}:{port}")
         connection = await self._connect(target.origin)
         if self._ticker is None:
             self._ticker = loop.call_later(self._tick_s, self._tick)
@@ -138,13 +165,16 @@ class HttpClient:
         self._ticker = None
         now = loop.time()
         waiting = False
-        for connection in tuple(self._open):
-            response = connection.response
-            if response is not None and response.waiting:
-                response.check_time(now)
-                waiting = True
-        if waiting and not self._closed:
-            self._ticker = loop.call_later(self._tick_s, self._tick)
+        try:
+            for connection in tuple(self._open):
+                response = connection.response
+                if response is not None and response.waiting:
+                    waiting = True
+                    response.check_time(now)
+        finally:
+            # Armed again whatever happened above, or a silent provider would go unnoticed.
+            if waiting and not self._closed:
+                self._ticker = loop.call_later(self._tick_s, self._tick)
 
     def _remember(self, url: str) -> _Target:
         target = _target(url)
@@ -155,7 +185,7 @@ class HttpClient:
 
     def _head(self, target: _Target, headers: Mapping[str, str], length: int) -> bytes:
         lines = []
-        agent, host = True, True
+        agent, host, accept = True, True, True
         for name, value in headers.items():
             lowered = name.lower()
             if lowered in _FRAMING:
@@ -164,6 +194,8 @@ class HttpClient:
                 agent = False
             elif lowered == "host":
                 host = False
+            elif lowered == "accept":
+                accept = False
             lines.append(f"{name}: {value}\r\n")
         text = "".join(lines)
         count = len(lines)
@@ -173,6 +205,7 @@ class HttpClient:
             raise ProviderUnreachable("a header for the provider holds a line break")
         if agent:
             text += self._agent_line
+        text += self._accept_lines if accept else "accept-encoding: gzip, deflate\r\n"
         text += f"content-length: {length}\r\n\r\n"
         if host:
             return target.request_line + target.host_line + text.encode()

@@ -17,6 +17,11 @@ import httptools
 
 from proxy.providers.base import ProviderTimeout, ProviderUnreachable
 
+STALE_WINDOW_S = 1.0
+"""How soon after a request went out on a kept-alive connection a close with no byte of an
+answer is taken for the provider's idle close crossing the request (which it never read),
+rather than for a provider that read it and then failed."""
+
 HIGH_WATER = 256 * 1024
 """Unread bytes of a streamed answer above which the connection stops reading from the
 provider, until the gateway has taken them."""
@@ -271,7 +276,12 @@ class Response:
         detail = f": {exc}" if exc is not None else ""
         if self.head.done():
             self.fail(ProviderUnreachable(f"the provider's answer was cut short{detail}"))
-        elif connection.served and not self._received:
+        elif (
+            connection.served
+            and not self._received
+            and not connection.aborted
+            and self._loop.time() - self._last_read < STALE_WINDOW_S
+        ):
             # Kept alive, then closed by the provider as this request went out (its idle
             # time ran out): it never read the request, which can go on a new connection.
             self.fail(StaleConnection(f"the provider closed a kept-alive connection{detail}"))
@@ -471,4 +481,5 @@ class Response:
             self._parser = None
             if self._error is None:
                 self._error = ProviderUnreachable("the answer was abandoned")
+            self._wake()  # a reader waiting for more hears that there is none
             self._connection.abort()

@@ -52,21 +52,21 @@ def client_like_the_proxys(first_byte_timeout_s: float) -> HttpClient:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[HttpClient]:
+async def http_client() -> AsyncIterator[HttpClient]:
     client = client_like_the_proxys(first_byte_timeout_s=10)
     yield client
     await client.close()
 
 
 @pytest.fixture
-async def impatient_session() -> AsyncIterator[HttpClient]:
+async def impatient_client() -> AsyncIterator[HttpClient]:
     client = client_like_the_proxys(first_byte_timeout_s=0.2)
     yield client
     await client.close()
 
 
-def adapter(kind: str, session: HttpClient) -> Provider:
-    return registry(session, ManualClock())[kind]
+def adapter(kind: str, http_client: HttpClient) -> Provider:
+    return registry(http_client, ManualClock())[kind]
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Subject:
     """The header carrying the provider key, as the provider expects it."""
     request: dict[str, Any]
     """A plain request in the provider's wire format."""
-    session: HttpClient
+    http_client: HttpClient
 
     def body(self, **fields: Any) -> bytes:
         return json.dumps({**self.request, **fields}).encode()
@@ -94,9 +94,11 @@ class Subject:
             upstream, self.operation, self.body(**fields), upstream.headers
         )
 
-    def recompiled(self, session: HttpClient, **target: Any) -> Upstream:
-        """This credential compiled again, on another session or with other target fields."""
-        return adapter(self.kind, session).compile(msgspec.structs.replace(self.target, **target))
+    def recompiled(self, http_client: HttpClient, **target: Any) -> Upstream:
+        """This credential compiled again, on another client or with other target fields."""
+        return adapter(self.kind, http_client).compile(
+            msgspec.structs.replace(self.target, **target)
+        )
 
 
 def target(kind: str, base_url: str | None, model: str, api_key: str, **more: Any) -> ChainTarget:
@@ -111,7 +113,7 @@ def target(kind: str, base_url: str | None, model: str, api_key: str, **more: An
     )
 
 
-def subject_for(kind: str, fake: FakeProvider, session: HttpClient) -> Subject:
+def subject_for(kind: str, fake: FakeProvider, http_client: HttpClient) -> Subject:
     if kind == "anthropic":
         model = "claude-3-5-haiku-20241022"
         chain_target = target(kind, fake.url, model, fake.api_key)
@@ -137,8 +139,10 @@ def subject_for(kind: str, fake: FakeProvider, session: HttpClient) -> Subject:
         operation, url = Operation.CHAT, fake.url + "/chat/completions"
         credential = ("Authorization", f"Bearer {fake.api_key}")
         request = {"model": model, "messages": HELLO}
-    upstream = adapter(kind, session).compile(chain_target)
-    return Subject(kind, fake, chain_target, upstream, operation, url, credential, request, session)
+    upstream = adapter(kind, http_client).compile(chain_target)
+    return Subject(
+        kind, fake, chain_target, upstream, operation, url, credential, request, http_client
+    )
 
 
 def serve_fake(kind: str) -> AbstractAsyncContextManager[FakeProvider]:
@@ -146,9 +150,11 @@ def serve_fake(kind: str) -> AbstractAsyncContextManager[FakeProvider]:
 
 
 @pytest.fixture(params=HTTP_KINDS)
-async def subject(request: pytest.FixtureRequest, session: HttpClient) -> AsyncIterator[Subject]:
+async def subject(
+    request: pytest.FixtureRequest, http_client: HttpClient
+) -> AsyncIterator[Subject]:
     async with serve_fake(request.param) as fake:
-        yield subject_for(request.param, fake, session)
+        yield subject_for(request.param, fake, http_client)
 
 
 async def read_all(reply: Reply) -> bytes:
@@ -252,10 +258,10 @@ async def test_closing_a_reply_mid_stream_ends_the_providers_request(subject: Su
 
 
 async def test_a_provider_stalling_past_the_read_timeout_raises_provider_timeout(
-    subject: Subject, impatient_session: HttpClient
+    subject: Subject, impatient_client: HttpClient
 ) -> None:
     subject.fake.hold = asyncio.Event()
-    upstream = subject.recompiled(impatient_session)
+    upstream = subject.recompiled(impatient_client)
     try:
         with pytest.raises(ProviderTimeout):
             await subject.send(upstream)
@@ -267,7 +273,7 @@ async def test_a_refused_connection_raises_provider_unreachable(subject: Subject
     assert subject.target.base_url is not None
     origin = "/".join(subject.target.base_url.split("/")[:3])
     closed = subject.target.base_url.replace(origin, f"http://127.0.0.1:{free_port()}")
-    upstream = subject.recompiled(subject.session, base_url=closed)
+    upstream = subject.recompiled(subject.http_client, base_url=closed)
     with pytest.raises(ProviderUnreachable):
         await subject.send(upstream)
     assert subject.fake.received == []
@@ -297,14 +303,14 @@ async def test_a_stream_cut_midway_raises_provider_unreachable_from_chunks(
 
 @pytest.mark.parametrize("kind", ["azure_openai", "openai_compatible"])
 def test_a_kind_without_a_default_address_refuses_to_compile_without_base_url(
-    kind: str, session: HttpClient
+    kind: str, http_client: HttpClient
 ) -> None:
     with pytest.raises(ProviderMisconfigured, match="base_url"):
-        adapter(kind, session).compile(target(kind, None, "some-model", "sk-some"))
+        adapter(kind, http_client).compile(target(kind, None, "some-model", "sk-some"))
 
 
-def test_openai_defaults_to_openais_own_address(session: HttpClient) -> None:
-    upstream = adapter("openai", session).compile(target("openai", None, "gpt-4o", "sk-x"))
+def test_openai_defaults_to_openais_own_address(http_client: HttpClient) -> None:
+    upstream = adapter("openai", http_client).compile(target("openai", None, "gpt-4o", "sk-x"))
     assert upstream.urls == {
         Operation.CHAT: "https://api.openai.com/v1/chat/completions",
         Operation.EMBEDDINGS: "https://api.openai.com/v1/embeddings",
@@ -312,9 +318,9 @@ def test_openai_defaults_to_openais_own_address(session: HttpClient) -> None:
 
 
 def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
-    session: HttpClient,
+    http_client: HttpClient,
 ) -> None:
-    upstream = adapter("azure_openai", session).compile(
+    upstream = adapter("azure_openai", http_client).compile(
         target("azure_openai", "https://acme.openai.azure.com/", "team a/gpt-4o", "azure-key")
     )
     deployment = "https://acme.openai.azure.com/openai/deployments/team%20a%2Fgpt-4o"
@@ -326,9 +332,9 @@ def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
 
 
 def test_anthropic_defaults_to_its_root_and_version_and_keeps_extra_headers(
-    session: HttpClient,
+    http_client: HttpClient,
 ) -> None:
-    upstream = adapter("anthropic", session).compile(
+    upstream = adapter("anthropic", http_client).compile(
         target(
             "anthropic",
             None,
@@ -346,8 +352,8 @@ def test_anthropic_defaults_to_its_root_and_version_and_keeps_extra_headers(
     }
 
 
-def test_anthropic_takes_the_credentials_api_version(session: HttpClient) -> None:
-    upstream = adapter("anthropic", session).compile(
+def test_anthropic_takes_the_credentials_api_version(http_client: HttpClient) -> None:
+    upstream = adapter("anthropic", http_client).compile(
         target("anthropic", None, "claude-2.1", "sk-ant-x", api_version="2023-01-01")
     )
     assert upstream.headers["anthropic-version"] == "2023-01-01"
@@ -355,10 +361,10 @@ def test_anthropic_takes_the_credentials_api_version(session: HttpClient) -> Non
 
 @pytest.mark.parametrize("kind", ["openai", "openai_compatible", "azure_openai"])
 async def test_embeddings_reach_the_providers_embeddings_route(
-    kind: str, session: HttpClient
+    kind: str, http_client: HttpClient
 ) -> None:
     async with serve_fake_openai() as fake:
-        subject = subject_for(kind, fake, session)
+        subject = subject_for(kind, fake, http_client)
         body = json.dumps({"model": subject.target.model, "input": ["one", "two"]}).encode()
         upstream = subject.upstream
         reply = await upstream.adapter.send(upstream, Operation.EMBEDDINGS, body, upstream.headers)

@@ -134,6 +134,7 @@ async def test_request_carries_the_path_query_host_agent_length_and_headers(
     assert f"host: localhost:{server.port}" in lines
     assert "user-agent: vkgate/test" in lines
     assert "api-key: k" in lines and "traceparent: 00-ab-cd-01" in lines
+    assert "accept: */*" in lines and "accept-encoding: gzip, deflate" in lines
     assert f"content-length: {len(BODY)}" in lines
     assert body == BODY
 
@@ -409,15 +410,23 @@ async def test_a_body_that_runs_until_close_is_cut_when_the_connection_is_reset_
 async def test_a_kept_alive_connection_the_provider_closes_as_a_request_goes_out_is_replaced(
     http: HttpClient,
 ) -> None:
-    # The provider closes right after a whole answer (its idle time, or its requests per
-    # connection, ran out), without saying so: the next request may already be on its way.
-    async with Scripted(fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}", keep=False)) as server:
-        server.answers.append(json_answer())
+    # The provider's idle close crosses the next request: it closes the connection without a
+    # byte of an answer (as when its keep-alive time ran out just as the request arrived).
+    async with Scripted(json_answer(), fixed(b"", keep=False), json_answer(b'{"n":2}')) as server:
         await (await http.post(server.url + "/x", BODY, {})).read()
-        # Sent at once, before the loop has seen the close.
         reply = await http.post(server.url + "/x", BODY, {})
-        assert await reply.read() == b'{"ok":true}'
-    assert server.connections == 2
+        assert await reply.read() == b'{"n":2}'
+    assert (server.connections, len(server.requests)) == (2, 3)
+
+
+async def test_a_connection_closed_without_an_answer_is_not_replaced_the_first_time(
+    http: HttpClient,
+) -> None:
+    # A new connection has no idle close to cross: its provider read the request.
+    async with Scripted(fixed(b"", keep=False), json_answer()) as server:
+        with pytest.raises(ProviderUnreachable, match="before answering"):
+            await http.post(server.url + "/x", BODY, {})
+    assert len(server.requests) == 1
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -463,6 +472,7 @@ async def test_a_stream_abandoned_after_its_provider_finished_leaves_a_reusable_
 
 async def test_framing_headers_from_a_credential_are_not_sent(http: HttpClient) -> None:
     extra = {
+        "Accept-Encoding": "br",
         "Transfer-Encoding": "chunked",
         "Content-Length": "1",
         "Connection": "close",
@@ -473,6 +483,9 @@ async def test_framing_headers_from_a_credential_are_not_sent(http: HttpClient) 
             assert await (await http.post(server.url + "/x", BODY, extra)).read() == b'{"ok":true}'
     lines = server.requests[0][0].decode().lower().split("\r\n")
     assert not [line for line in lines if line.startswith(("transfer-encoding", "connection"))]
+    assert [line for line in lines if line.startswith("accept-encoding")] == [
+        "accept-encoding: gzip, deflate"
+    ]
     assert [line for line in lines if line.startswith("content-length")] == [
         f"content-length: {len(BODY)}"
     ]
@@ -489,6 +502,8 @@ async def test_unreachable_and_unreadable_urls_are_failures(http: HttpClient) ->
         await http.post("http://127.0.0.1:99999/x", BODY, {})
     with pytest.raises(ProviderUnreachable, match="cannot connect"):
         await http.post("http://a..b/x", BODY, {})
+    with pytest.raises(ProviderUnreachable, match="user name or password"):
+        await http.post("http://user:secret@127.0.0.1:1/x", BODY, {})
 
 
 async def test_a_streamed_answer_larger_than_the_buffer_pauses_the_provider_and_arrives_whole(
@@ -589,6 +604,11 @@ async def test_https_is_verified_against_the_trust_store(tmp_path: Path) -> None
         reply = await http.post(f"https://localhost:{port}/x", BODY, {})
         assert await reply.read() == b'{"tls":true}'
         await http.close()
+        # Trusted, but not for the name called: refused.
+        http = client(tls=trusting)
+        with pytest.raises(ProviderUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await http.post(f"https://127.0.0.1:{port}/x", BODY, {})
+        await http.close()
         # The system's store does not know this certificate: refused, never sent.
         http = client()
         with pytest.raises(ProviderUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
@@ -596,3 +616,21 @@ async def test_https_is_verified_against_the_trust_store(tmp_path: Path) -> None
         await http.close()
     finally:
         server.close()
+
+
+async def test_closing_an_answer_wakes_a_reader_waiting_for_more(http: HttpClient) -> None:
+    async def held(writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await server.release.wait()
+        return False
+
+    async with Scripted(held) as server:
+        reply = await http.post(server.url + "/x", BODY, {})
+        chunks = reply.chunks()
+        assert await anext(chunks) == b"hello"
+        waiting = asyncio.ensure_future(anext(chunks))
+        await until(lambda: reply._waiter is not None)
+        reply.close()
+        with pytest.raises(ProviderUnreachable, match="abandoned"):
+            await asyncio.wait_for(waiting, 5)

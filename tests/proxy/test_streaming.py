@@ -13,10 +13,10 @@ import openai
 import pytest
 from litestar import Litestar
 
-from proxy.breaker import Breakers
+from proxy.breaker import Breakers, BreakerState
 from proxy.dispatch import Dispatcher, Outcome
 from proxy.formats import ChatExchange
-from proxy.providers import Operation, Upstream
+from proxy.providers import Operation, ProviderUnreachable, Upstream
 from proxy.providers.base import WireFormat
 from tests.proxy.conftest import (
     CHAT_ALIAS,
@@ -181,3 +181,74 @@ async def test_a_stream_whose_client_cannot_be_written_closes_the_providers_answ
     await dispatcher.forward((upstream,), exchange, {}, receive, send, b"rid", recheck, outcome)
     assert closed
     assert outcome.cancelled, "the answer never reached the client"
+
+
+async def test_a_client_leaving_while_the_provider_is_quiet_ends_the_stream_as_cancelled() -> None:
+    """No provider fault is counted: the answer is closed under the pump because the client
+    left, not because the provider failed."""
+    sent: list[dict[str, Any]] = []
+    first_sent = asyncio.Event()
+    closed: list[bool] = []
+
+    class Reply:
+        status = 200
+        content_type = b"text/event-stream"
+        retry_after = None
+
+        def __init__(self) -> None:
+            self._closed = asyncio.Event()
+
+        async def read(self) -> bytes:
+            return b""
+
+        async def chunks(self) -> AsyncIterator[bytes]:
+            yield b'data: {"choices":[]}\n\n'
+            await self._closed.wait()  # the provider is quiet until the answer is closed
+            raise ProviderUnreachable("the answer was abandoned")
+
+        def close(self) -> None:
+            closed.append(True)
+            self._closed.set()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            first_sent.set()
+
+    async def receive() -> dict[str, Any]:
+        await first_sent.wait()
+        return {"type": "http.disconnect"}
+
+    class Provider:
+        async def send(self, *_: Any) -> Reply:
+            return Reply()
+
+    upstream = Upstream(
+        "p", "p", "openai", "m", b'"m"', Provider(), urls={Operation.CHAT: "http://p.test"}
+    )  # type: ignore[arg-type]
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+    exchange = ChatExchange(
+        WireFormat.OPENAI,
+        body,
+        "m",
+        stream=True,
+        client_wants_usage=True,
+        with_usage=body,
+        created=0,
+    )
+
+    async def recheck() -> None:
+        return None
+
+    clock = SystemClock()
+    breakers = Breakers(1, 30.0, 60.0, clock)
+    dispatcher = Dispatcher(breakers, clock.monotonic)
+    outcome = Outcome()
+    await asyncio.wait_for(
+        dispatcher.forward((upstream,), exchange, {}, receive, send, b"rid", recheck, outcome), 5
+    )
+    assert closed
+    assert outcome.cancelled and not outcome.broke
+    # One failure would have opened this breaker (threshold 1).
+    assert breakers.states() == {"p": BreakerState.CLOSED}
+    assert not any(m.get("more_body") is False for m in sent), "no tail after the client left"
