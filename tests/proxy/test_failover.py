@@ -108,7 +108,7 @@ async def test_falls_through_a_refused_connection_and_a_timeout(
     chain = await build_chain(
         client, app, clock, stack, unreachable=("a",), first_byte_timeout_s=0.2
     )
-    chain.fakes["b"].stall_s = 2.0
+    chain.fakes["b"].stall_s = 0.6
     response = await chain.chat()
     assert response.status_code == 200, response.text
     assert response.headers["x-vkgate-provider"] == "c"
@@ -274,7 +274,7 @@ async def test_a_chain_that_only_timed_out_is_a_504_with_every_cause(
     client: httpx.AsyncClient, app: Litestar, clock: ManualClock, stack: AsyncExitStack
 ) -> None:
     chain = await build_chain(client, app, clock, stack, names=("a", "b"), first_byte_timeout_s=0.2)
-    chain.fakes["a"].stall_s = chain.fakes["b"].stall_s = 2.0
+    chain.fakes["a"].stall_s = chain.fakes["b"].stall_s = 0.6
     response = await chain.chat()
     assert response.status_code == 504, response.text
     error = response.json()["error"]
