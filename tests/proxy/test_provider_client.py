@@ -73,6 +73,17 @@ class Scripted:
         self.release.set()
         self._server.close()
 
+    def held(self, data: bytes) -> Answer:
+        """An answer that writes `data`, then waits for `release` and closes."""
+
+        async def answer(writer: asyncio.StreamWriter) -> bool:
+            writer.write(data)
+            await writer.drain()
+            await self.release.wait()
+            return False
+
+        return answer
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self.reader = reader
@@ -269,11 +280,8 @@ async def test_an_informational_answer_before_the_real_one_is_skipped(http: Http
 
 
 async def test_a_provider_silent_before_its_head_times_out() -> None:
-    async def never(writer: asyncio.StreamWriter) -> bool:
-        await server.release.wait()
-        return False
-
-    async with Scripted(never) as server:
+    async with Scripted() as server:
+        server.answers.append(server.held(b""))
         http = client(read_s=0.1)
         with pytest.raises(ProviderTimeout, match=r"no data from the provider for 0\.1 s"):
             await http.post(server.url + "/x", BODY, {})
@@ -281,13 +289,8 @@ async def test_a_provider_silent_before_its_head_times_out() -> None:
 
 
 async def test_a_stream_that_stalls_times_out_and_its_connection_is_not_reused() -> None:
-    async def stalls(writer: asyncio.StreamWriter) -> bool:
-        writer.write(JSON_HEAD + b"content-length: 100\r\n\r\n{")
-        await writer.drain()
-        await server.release.wait()
-        return False
-
-    async with Scripted(stalls, json_answer()) as server:
+    async with Scripted() as server:
+        server.answers += [server.held(JSON_HEAD + b"content-length: 100\r\n\r\n{"), json_answer()]
         http = client(read_s=0.1)
         reply = await http.post(server.url + "/x", BODY, {})
         with pytest.raises(ProviderTimeout):
@@ -533,13 +536,8 @@ async def test_idle_connections_are_closed_after_the_keep_alive_time() -> None:
 
 
 async def test_closing_the_client_ends_answers_in_flight(http: HttpClient) -> None:
-    async def held(writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        await writer.drain()
-        await server.release.wait()
-        return False
-
-    async with Scripted(held) as server:
+    async with Scripted() as server:
+        server.answers.append(server.held(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"))
         reply = await http.post(server.url + "/x", BODY, {})
         await http.close()
         with pytest.raises(ProviderUnreachable):
@@ -619,13 +617,9 @@ async def test_https_is_verified_against_the_trust_store(tmp_path: Path) -> None
 
 
 async def test_closing_an_answer_wakes_a_reader_waiting_for_more(http: HttpClient) -> None:
-    async def held(writer: asyncio.StreamWriter) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
-        await writer.drain()
-        await server.release.wait()
-        return False
-
-    async with Scripted(held) as server:
+    chunk = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    async with Scripted() as server:
+        server.answers.append(server.held(chunk))
         reply = await http.post(server.url + "/x", BODY, {})
         chunks = reply.chunks()
         assert await anext(chunks) == b"hello"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -152,33 +152,8 @@ async def test_a_stream_whose_client_cannot_be_written_closes_the_providers_answ
         await asyncio.Event().wait()  # never disconnects on its own
         return {"type": "http.disconnect"}
 
-    class Provider:
-        """A provider whose answer is already in; only the way to the client is broken."""
-
-        async def send(self, *_: Any) -> Reply:
-            return Reply()
-
-    upstream = Upstream(
-        "p", "p", "openai", "m", b'"m"', Provider(), urls={Operation.CHAT: "http://p.test"}
-    )  # type: ignore[arg-type]
-    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
-    exchange = ChatExchange(
-        WireFormat.OPENAI,
-        body,
-        "m",
-        stream=True,
-        client_wants_usage=True,
-        with_usage=body,
-        created=0,
-    )
-
-    async def recheck() -> None:
-        return None
-
-    clock = SystemClock()
-    dispatcher = Dispatcher(Breakers(10, 30.0, 60.0, clock), clock.monotonic)
-    outcome = Outcome()
-    await dispatcher.forward((upstream,), exchange, {}, receive, send, b"rid", recheck, outcome)
+    # A provider whose answer is already in; only the way to the client is broken.
+    outcome = await stream_through(Reply(), send, receive, Breakers(10, 30.0, 60.0, SystemClock()))
     assert closed
     assert outcome.cancelled, "the answer never reached the client"
 
@@ -219,9 +194,27 @@ async def test_a_client_leaving_while_the_provider_is_quiet_ends_the_stream_as_c
         await first_sent.wait()
         return {"type": "http.disconnect"}
 
+    breakers = Breakers(1, 30.0, 60.0, SystemClock())
+    outcome = await stream_through(Reply(), send, receive, breakers)
+    assert closed
+    assert outcome.cancelled and not outcome.broke
+    # One failure would have opened this breaker (threshold 1).
+    assert breakers.states() == {"p": BreakerState.CLOSED}
+    assert not any(m.get("more_body") is False for m in sent), "no tail after the client left"
+
+
+async def stream_through(
+    reply: Any,
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    breakers: Breakers,
+) -> Outcome:
+    """A streamed chat request forwarded by a dispatcher to one provider answering `reply`,
+    to a client of `send` and `receive`; its outcome."""
+
     class Provider:
-        async def send(self, *_: Any) -> Reply:
-            return Reply()
+        async def send(self, *_: Any) -> Any:
+            return reply
 
     upstream = Upstream(
         "p", "p", "openai", "m", b'"m"', Provider(), urls={Operation.CHAT: "http://p.test"}
@@ -240,15 +233,9 @@ async def test_a_client_leaving_while_the_provider_is_quiet_ends_the_stream_as_c
     async def recheck() -> None:
         return None
 
-    clock = SystemClock()
-    breakers = Breakers(1, 30.0, 60.0, clock)
-    dispatcher = Dispatcher(breakers, clock.monotonic)
+    dispatcher = Dispatcher(breakers, SystemClock().monotonic)
     outcome = Outcome()
     await asyncio.wait_for(
         dispatcher.forward((upstream,), exchange, {}, receive, send, b"rid", recheck, outcome), 5
     )
-    assert closed
-    assert outcome.cancelled and not outcome.broke
-    # One failure would have opened this breaker (threshold 1).
-    assert breakers.states() == {"p": BreakerState.CLOSED}
-    assert not any(m.get("more_body") is False for m in sent), "no tail after the client left"
+    return outcome
