@@ -143,8 +143,7 @@ class HttpClient:
         head = self._head(target, headers, len(body))
         connection = self._reuse(target.origin)
         if connection is not None:
-            if self._ticker is None:
-                self._ticker = loop.call_later(self._tick_s, self._tick)
+            self._watch_time(loop)
             try:
                 return await connection.request((head, body), deadline, self._timeouts)
             except StaleConnection:
@@ -154,9 +153,14 @@ class HttpClient:
                 _, host, port = target.origin
                 event(log, "provider_connection_replaced", address=f"{host}:{port}")
         connection = await self._connect(target.origin)
+        self._watch_time(loop)
+        return await connection.request((head, body), deadline, self._timeouts)
+
+    def _watch_time(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the ticker running: called right before an answer is awaited, with no turn of
+        the loop between, so the ticker cannot stop while that answer is in flight."""
         if self._ticker is None:
             self._ticker = loop.call_later(self._tick_s, self._tick)
-        return await connection.request((head, body), deadline, self._timeouts)
 
     def _tick(self) -> None:
         """Time out the answers in flight whose provider is too slow; again while any is."""

@@ -55,14 +55,12 @@ class Decoder:
             self._z = zlib.decompressobj(-15)
             out = self._z.decompress(data)
         z = self._z
-        if not (z.eof and z.unused_data):
-            return out
         parts = [out]
         while z.eof and z.unused_data:
             rest = z.unused_data
             z = self._z = zlib.decompressobj(47)
             parts.append(z.decompress(rest))
-        return b"".join(parts)
+        return out if len(parts) == 1 else b"".join(parts)
 
     def finish(self) -> bytes:
         """What is left once the body ended; zlib.error if it ended inside the stream."""

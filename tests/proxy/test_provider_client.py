@@ -227,8 +227,8 @@ async def test_a_connection_the_provider_closed_while_idle_is_not_reused(
 ) -> None:
     # The first answer is whole, then the provider drops the connection (as at the end of its
     # keep-alive time) without saying so in the answer.
-    async with Scripted(json_answer(), json_answer()) as server:
-        server.answers[0] = fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}", keep=False)
+    whole_then_closed = fixed(JSON_HEAD + b"content-length: 2\r\n\r\n{}", keep=False)
+    async with Scripted(whole_then_closed, json_answer()) as server:
         await (await http.post(server.url + "/x", BODY, {})).read()
         await asyncio.wait_for(server.connection_closed.wait(), 5)
         await until(lambda: not any(http._idle.values()))
