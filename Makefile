@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Test processes: each takes whole files (module fixtures are set up once); 1 runs in-process.
+TEST_WORKERS ?= 2
 
 .PHONY: install run demo test lint format clean
 
@@ -19,7 +21,7 @@ run: install
 	$(BIN)/vkgate up --demo
 
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 lint: install
 	$(BIN)/ruff check .

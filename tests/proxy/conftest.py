@@ -90,6 +90,9 @@ def proxy_settings(**overrides: object) -> ProxySettings:
         "port": free_port(),
         "controlplane_url": "http://controlplane.test",
         "spool_dir": Path(tempfile.mkdtemp(dir=_SPOOLS.name)),
+        # No metrics listener unless a test asks for one on a port of its own: the default
+        # port is one per machine, and the suite's processes run side by side.
+        "metrics_port": None,
         **overrides,
     }
     return ProxySettings(**values)  # type: ignore[arg-type]

@@ -411,6 +411,7 @@ async def test_the_proxy_recovers_at_start_and_ships_at_shutdown(
         replica_id="pod-a",
         spend_flush_interval_s=3600,  # nothing is shipped before shutdown but by the drainer's
         shutdown_grace_s=5,  # first pass, which ships what start-up recovered
+        metrics_port=None,
     )
     app = create_app(settings, clock=clock, control_transport=transport)
     async with AsyncTestClient(app) as http:
@@ -429,7 +430,9 @@ async def test_the_proxy_refuses_to_start_on_a_spool_it_cannot_use(
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    settings = ProxySettings(internal_secret=INTERNAL_SECRET, spool_dir=blocker / "spool")
+    settings = ProxySettings(
+        internal_secret=INTERNAL_SECRET, spool_dir=blocker / "spool", metrics_port=None
+    )
     app = create_app(settings, clock=clock, control_transport=fake_control_plane(clock)[0])
     with pytest.raises(BaseException) as failed:
         async with AsyncTestClient(app):
