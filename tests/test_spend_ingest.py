@@ -270,6 +270,21 @@ async def test_a_partly_overlapping_segment_adds_only_its_new_records(
     assert sorted(r["id"] for r in rows) == sorted(r.id for r in records if r.kind != "admit")
 
 
+async def test_records_another_replica_numbered_alike_at_the_same_time_are_not_duplicates(
+    client: Client, world: World, clock: ManualClock
+) -> None:
+    mine = served(world, clock)
+    # Another replica's records: the same numbers and times, ids of their own.
+    theirs = [msgspec.structs.replace(r, id=r.id[::-1], replica_id="replica-b") for r in mine]
+    await shipped(client, clock, segment(mine))
+    ack = await shipped(client, clock, segment(theirs))
+    # Shipped again under another segment id (as a process adopting a spool would).
+    again = await shipped(client, clock, segment(theirs, segment_id="seg-adopted"))
+    assert (ack.accepted, ack.duplicates) == (2, 0)
+    assert (again.accepted, again.duplicates) == (0, 2)
+    assert len(await ledger_rows(client, world.org)) == 2
+
+
 async def test_a_record_repeated_within_a_segment_is_written_once(
     client: Client, world: World, clock: ManualClock
 ) -> None:
@@ -297,6 +312,8 @@ async def test_a_record_id_reused_with_other_contents_refuses_the_segment(
     [
         ({"at": "yesterday"}, "records[3].at"),
         ({"at": "2026-03-10T12:00:00"}, "records[3].at"),
+        ({"at": "2026-02-30T12:00:00.000000Z"}, "records[3].at"),
+        ({"at": "2026-02-30T12:00:00.5+01:00"}, "records[3].at"),
         ({"kind": "refund"}, "records[3].kind"),
         ({"seq": 0}, "records[3].seq"),
         ({"replica_id": "someone-else"}, "records[3].replica_id"),

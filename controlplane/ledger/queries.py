@@ -1,4 +1,4 @@
-"""The ledger's SQL: every read and the id lookup, with server-side bound parameters.
+"""The ledger's SQL: every read and the duplicate lookup, with server-side bound parameters.
 
 Only constants of this module (tables, columns, expressions) are ever put into the text; every
 value is a bound `{name:Type}` parameter, hence the `noqa: S608`s.
@@ -69,25 +69,37 @@ class Query:
     parameters: dict[str, Any]
 
 
-def existing_ids(
+def stored_ids(
     table: str,
-    ids: Sequence[str],
-    lo: datetime,
-    hi: datetime,
+    replica_id: str,
+    seqs: tuple[int, int],
+    times: tuple[datetime, datetime],
     organizations: Sequence[str] | None = None,
 ) -> Query:
-    """Which of `ids` (all timed within [lo, hi], of `organizations`) the table already holds.
+    """Ids the table holds of one replica's records numbered within `seqs` and timed within
+    `times` (both inclusive), of `organizations` when given.
 
-    The time range and organizations only narrow the search to the sorting key's prefix.
+    What a segment's duplicates are looked up with: a record's id, replica and number are
+    fixed when its proxy writes it, so any copy the ledger holds of a segment's records is
+    among these rows. Ranges, not the segment's ids: binding thousands of ids as one literal
+    cost three times the query itself. The time range (and organizations) narrow the search to
+    the sorting key's prefix.
     """
     narrowing = ""
-    parameters: dict[str, Any] = {"lo": lo, "hi": hi, "ids": list(ids)}
+    parameters: dict[str, Any] = {
+        "lo": times[0],
+        "hi": times[1],
+        "replica": replica_id,
+        "first": seqs[0],
+        "last": seqs[1],
+    }
     if organizations is not None:
         narrowing = "organization_id IN {orgs:Array(String)} AND "
         parameters["orgs"] = sorted(set(organizations))
     return Query(
-        f"SELECT DISTINCT id FROM {table} WHERE {narrowing}"  # noqa: S608
-        f"at >= {{lo:{TIME}}} AND at <= {{hi:{TIME}}} AND id IN {{ids:Array(String)}}",
+        f"SELECT id FROM {table} WHERE {narrowing}"  # noqa: S608
+        f"at >= {{lo:{TIME}}} AND at <= {{hi:{TIME}}} AND replica_id = {{replica:String}} "
+        "AND seq >= {first:UInt64} AND seq <= {last:UInt64}",
         parameters,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -174,16 +175,25 @@ class Ledger:
 def _present(
     client: Any, table: str, entries: Sequence[Entry], *, by_organization: bool
 ) -> set[str]:
-    if not entries:
-        return set()
-    query = queries.existing_ids(
-        table,
-        [e.record.id for e in entries],
-        min(e.at for e in entries),
-        max(e.at for e in entries),
-        [e.organization_id for e in entries] if by_organization else None,
-    )
-    return {str(row[0]) for row in client.query(query.sql, parameters=query.parameters).result_rows}
+    """Ids of `entries` that `table` holds already (and perhaps ids of other records, which
+    the callers never ask about)."""
+    by_replica: dict[str, list[Entry]] = defaultdict(list)
+    for e in entries:
+        by_replica[e.record.replica_id].append(e)
+    found: set[str] = set()
+    for replica_id, group in by_replica.items():
+        seqs = [e.record.seq for e in group]
+        times = [e.at for e in group]
+        query = queries.stored_ids(
+            table,
+            replica_id,
+            (min(seqs), max(seqs)),
+            (min(times), max(times)),
+            [e.organization_id for e in group] if by_organization else None,
+        )
+        rows = client.query(query.sql, parameters=query.parameters).result_rows
+        found.update(str(row[0]) for row in rows)
+    return found
 
 
 def _select_one(client: Any) -> None:

@@ -24,6 +24,9 @@ MAX_ID_LENGTH = 200
 _KINDS = frozenset(RecordKind)
 _SOURCES = frozenset(UsageSource)
 _AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
+_AS_PROXIES_WRITE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z").fullmatch
+"""UTC with microseconds, as every record of a proxy is timed: read without the general case's
+work (a third of its cost, for each of a segment's thousands of records)."""
 _PATH = re.compile(r"at `\$\.?(.*)`$")
 
 
@@ -115,6 +118,11 @@ def _check_record(segment: SpendSegment, index: int, record: SpendRecord) -> dat
 
 
 def _time(text: str, refuse: Callable[[str], ApiError]) -> datetime:
+    if _AS_PROXIES_WRITE(text):
+        try:
+            return datetime.fromisoformat(text)  # `Z`: in UTC already
+        except ValueError:
+            raise refuse("is not a valid date and time") from None
     if not _AT.match(text):
         raise refuse("must be RFC 3339 with a time zone, like 2026-03-10T12:00:00.123456Z")
     # Python keeps microseconds: finer digits are cut, as ClickHouse's DateTime64(6) would.
