@@ -29,7 +29,7 @@ from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
 from vkgate.logs import event
-from vkgate.wire import ChangeEvent, EventKind, ResolveKeyResponse
+from vkgate.wire import SPEND_MOVED, ChangeEvent, ConfigBundle, EventKind, ResolveKeyResponse
 
 log = logging.getLogger("vkgate.proxy.auth")
 
@@ -144,6 +144,8 @@ class AuthCache:
         self.misses = 0
         self.stale_serves = 0
         self.negative_hits = 0
+        self.on_compiled: Callable[[KeyRuntime], None] | None = None
+        """Called with every runtime compiled from a bundle the control plane sent."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -245,9 +247,7 @@ class AuthCache:
                 "the key could not be checked: the control plane is unreachable",
             ) from None
         assert config.bundle is not None
-        return self._entry(
-            digest, resolution, compile_bundle(config.bundle, self._providers), config.etag
-        )
+        return self._entry(digest, resolution, self._compile(config.bundle), config.etag)
 
     def _unknown_key(self, digest: str, message: str, epoch: int) -> None:
         if self._remember_unknown and self._unknown_epoch == epoch:
@@ -340,12 +340,18 @@ class AuthCache:
             entry.key_expires_at = unix_seconds(resolution.key_expires_at)
         config = await self._control.config(entry.runtime.vk_id, entry.etag)
         if config.bundle is not None:
-            entry.runtime = compile_bundle(config.bundle, self._providers)
+            entry.runtime = self._compile(config.bundle)
             event(
                 log, "config_refreshed", vk_id=entry.runtime.vk_id, revision=entry.runtime.revision
             )
             entry.etag = config.etag
         entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
+
+    def _compile(self, bundle: ConfigBundle) -> KeyRuntime:
+        runtime = compile_bundle(bundle, self._providers)
+        if self.on_compiled is not None:
+            self.on_compiled(runtime)
+        return runtime
 
     # -- change events -------------------------------------------------------------------------
 
@@ -371,6 +377,12 @@ class AuthCache:
                     r.organization_id == event.organization_id and event.entity_id in r.provider_ids
                 )
             )
+        elif kind == EventKind.BUDGET_UPDATED and event.entity_kind == SPEND_MOVED:
+            # Only the budget's spend moved, every few seconds on a busy budget: one bundle
+            # brings the new figure, and every key under the budget counts from it (see
+            # `on_compiled`). Refreshing each of them would keep the control plane busy with
+            # nothing else once thousands of keys share an organization's budget.
+            self._refresh_one(lambda r: any(b.budget_id == event.entity_id for b in r.budgets))
         elif kind in (EventKind.BUDGET_UPDATED, EventKind.BUDGET_DELETED):
             # A budget's scope never changes: only the keys it already applies to are affected.
             # (Spend debits one every few seconds, so this must not refresh a whole organization.)
@@ -414,6 +426,18 @@ class AuthCache:
         for entry in list(self._entries.values()):
             if affected(entry.runtime):
                 self._schedule_refresh(entry)
+
+    def _refresh_one(self, affected: Callable[[KeyRuntime], bool]) -> None:
+        """Refresh one entry of those `affected` names: one already refreshing, if any (it goes
+        round once more), so a burst of events costs one refresh at a time."""
+        chosen: Entry | None = None
+        for entry in self._entries.values():
+            if affected(entry.runtime):
+                chosen = entry
+                if entry.refreshing:
+                    break
+        if chosen is not None:
+            self._schedule_refresh(chosen)
 
     async def settle(self) -> None:
         """Wait until the background work under way (refreshes, shared resolutions) is done."""

@@ -32,6 +32,7 @@ from tests.support.ledger import (
 )
 from vkgate.money import nanos_to_usd
 from vkgate.spend import SpendRecord
+from vkgate.wire import SPEND_MOVED
 
 Client = httpx.AsyncClient
 SERVED = "gpt-4o-mini-2024-07-18"
@@ -435,7 +436,7 @@ async def test_budget_updated_is_appended_for_each_budget_the_new_rows_count_in(
     assert {e for e in events if e[0] != "BUDGET_UPDATED"} == set()
     assert sorted(e[2] for e in events) == sorted(touched)
     assert not untouched & {e[2] for e in events}
-    assert {e[1] for e in events} == {"budget"}
+    assert {e[1] for e in events} == {SPEND_MOVED}
 
 
 async def test_rows_that_cost_nothing_announce_no_budget(
@@ -476,7 +477,7 @@ async def test_shipping_again_announces_the_budgets_again(
     await shipped(client, clock, seg)
     since = await internal.revision()
     await shipped(client, clock, seg)
-    assert await internal.events_since(since) == [("BUDGET_UPDATED", "budget", budget["id"])]
+    assert await internal.events_since(since) == [("BUDGET_UPDATED", SPEND_MOVED, budget["id"])]
 
 
 # --- admits without outcomes --------------------------------------------------------------------

@@ -120,6 +120,12 @@ class ConfigBundle(msgspec.Struct):
     """The rate limits of the key's team, shared by every key of the team's projects."""
 
 
+SPEND_MOVED = "budget_spend"
+"""The `entity_kind` of a `BUDGET_UPDATED` that says only that the ledger's spend under the
+budget moved (a segment was ingested); an edit of the budget itself says `budget`. A proxy
+older than this treats both alike."""
+
+
 class ChangeEvent(msgspec.Struct):
     revision: int
     kind: str

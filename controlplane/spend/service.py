@@ -29,7 +29,7 @@ from vkgate.clock import Clock, rfc3339
 from vkgate.logs import event
 from vkgate.money import nanos_to_usd
 from vkgate.spend import BudgetBucketSpend, SpendAck
-from vkgate.wire import BudgetState, ConfigBundle, EventKind
+from vkgate.wire import SPEND_MOVED, BudgetState, ConfigBundle, EventKind
 
 log = logging.getLogger("vkgate.controlplane.spend")
 
@@ -142,7 +142,7 @@ async def _announce(tx: Tx, moved: Sequence[PricedEntry]) -> int:
             await tx.event(
                 EventKind.BUDGET_UPDATED,
                 organization_id=budget.organization_id,
-                entity_kind="budget",
+                entity_kind=SPEND_MOVED,
                 entity_id=budget.id,
             )
             appended += 1

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cachetools import LRUCache
 
@@ -33,6 +33,9 @@ from vkgate.money import nanos_to_usd, usd_to_nanos
 from vkgate.spend import BudgetBucketSpend, SpendRecord
 from vkgate.windows import WINDOWS, window_bounds
 from vkgate.wire import BudgetState
+
+if TYPE_CHECKING:
+    from proxy.runtime import KeyRuntime
 
 log = logging.getLogger("vkgate.proxy.limits")
 
@@ -199,6 +202,31 @@ class BudgetGuard:
         self._kept: dict[int, tuple[BudgetRule, float | None, int, BudgetBucket]] = {}
         """id(rule) → (rule, window start, group, its bucket): see `_bucket_of`."""
         self._windows_until = 0.0
+        self._figures: LRUCache[tuple[str, float | None], tuple[int, float]] = LRUCache(
+            KEPT_BUCKETS
+        )
+        """(budget, window start) → the newest ledger figure any bundle brought: (nanos, as of)."""
+
+    def learn_from(self, runtime: KeyRuntime) -> None:
+        """`learn` the budgets of a runtime just compiled (the auth cache's callback)."""
+        self.learn(runtime.budget_rules)
+
+    def learn(self, rules: Sequence[BudgetRule]) -> None:
+        """Keep the newest ledger figure of each budget among `rules` (a bundle just fetched):
+        every key under a budget counts from it, whichever key's bundle brought it. (When only
+        a budget's spend moved, one key's bundle is fetched again, not every key's.)"""
+        learnt = False
+        for rule in rules:
+            if rule.per_end_user or not rule.ledger_as_of:
+                continue
+            key = (rule.budget_id, rule.ledger_window)
+            known = self._figures.get(key)
+            if known is None or rule.ledger_as_of > known[1]:
+                self._figures[key] = (rule.ledger_nanos, rule.ledger_as_of)
+                learnt = True
+        if learnt:
+            # Buckets built before carry older figures.
+            self._kept.clear()
 
     def _current_windows(
         self, moment: datetime, now: float
@@ -320,6 +348,9 @@ class BudgetGuard:
         else:
             # A bundle built in an earlier window says nothing of this one.
             ledger, as_of = 0, 0.0
+        newer = self._figures.get((rule.budget_id, start_ts))
+        if newer is not None and newer[1] > as_of:
+            ledger, as_of = newer
         bucket = _bucket(rule, group, start_ts, end_ts, ledger, as_of)
         if len(self._kept) >= KEPT_BUCKETS:
             self._kept.clear()

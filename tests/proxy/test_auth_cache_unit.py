@@ -19,6 +19,7 @@ from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
 from vkgate.wire import (
+    SPEND_MOVED,
     BudgetState,
     ChainTarget,
     ChangeEvent,
@@ -217,13 +218,17 @@ async def refused(cache: AuthCache, key: str) -> ErrorCode:
 
 
 def event(
-    kind: EventKind, entity_id: str, org: str = "org-1", vk_id: str | None = None
+    kind: EventKind,
+    entity_id: str,
+    org: str = "org-1",
+    vk_id: str | None = None,
+    entity_kind: str | None = None,
 ) -> ChangeEvent:
     return ChangeEvent(
         revision=1,
         kind=kind,
         organization_id=org,
-        entity_kind="virtual_key" if kind.startswith("VK_") else "other",
+        entity_kind=entity_kind or ("virtual_key" if kind.startswith("VK_") else "other"),
         entity_id=entity_id,
         at="2026-03-10T12:00:00Z",
         vk_id=vk_id,
@@ -618,6 +623,39 @@ async def test_a_budget_update_refreshes_only_keys_it_applies_to(
         await cache.settle()
     assert [vk for vk, _ in control.configs[2:]] == ["vk_a", "vk_a"]
     assert len(control.resolves) == 2  # the bundle changed, not the key
+
+
+async def test_a_budgets_spend_moving_refreshes_one_key_under_it_at_a_time(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    for name in ("a", "b", "c"):
+        control.issue(f"vk-{name}", f"vk_{name}", budgets=[budget("bud-1")])
+    control.issue("vk-d", "vk_d", budgets=[budget("bud-2")])
+    learnt: list[str] = []
+    cache.on_compiled = lambda runtime: learnt.append(runtime.vk_id)
+    for presented in ("vk-a", "vk-b", "vk-c", "vk-d"):
+        await cache.authenticate(presented)
+    spent = event(EventKind.BUDGET_UPDATED, "bud-1", entity_kind=SPEND_MOVED)
+    for name in ("a", "b", "c"):
+        control.key(f"vk_{name}").revision = 2  # their bundles now carry the new spend
+
+    cache.apply(spent)
+    await cache.settle()
+    [(refreshed, _)] = control.configs[4:]
+    assert refreshed in {"vk_a", "vk_b", "vk_c"}
+    assert learnt[4:] == [refreshed]  # the budgets learn the figure its bundle brought
+
+    # A burst while that one refreshes: it goes round once more, and no other key is asked.
+    control.config_gate = asyncio.Event()
+    cache.apply(spent)
+    while len(control.configs) < 6:
+        await asyncio.sleep(0)
+    for _ in range(5):
+        cache.apply(spent)
+    control.config_gate.set()
+    await cache.settle()
+    assert len(control.configs) == 7
+    assert len({vk for vk, _ in control.configs[4:]}) == 1
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,17 @@ import base64
 import json
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 
-from proxy.limits.budgets import BudgetAsk, BudgetGuard, rules_of
+from proxy.limits.budgets import BudgetAsk, BudgetGuard, BudgetRule, Worst, rules_of
 from proxy.limits.cost import INLINE_DATA_TOKENS, Prompt, Rates, rates_of
 from proxy.limits.counters import LocalCounters
 from proxy.limits.store import BudgetBucket
+from proxy.providers import Upstream
 from proxy.spend.estimate import estimate_tokens
 from tests.support.clock import ManualClock
+from vkgate.clock import unix_seconds
 from vkgate.spend import RecordKind, SpendRecord
 from vkgate.wire import BudgetState, Price
 
@@ -168,3 +171,28 @@ async def test_an_outcome_written_late_is_acknowledged_once_the_ledger_has_its_s
     guard.ledgered_through(6)
     await asyncio.sleep(0)
     assert counters.acknowledged == [("bg:k", "held")], "counted once: by the ledger alone"
+
+
+async def test_a_budgets_newest_figure_counts_for_every_key_under_it() -> None:
+    guard = BudgetGuard(LocalCounters(), ManualClock(), spend_source=None, default_output_tokens=1)
+    chain = (Upstream("p", "p", "mock", "m", b'"m"', adapter=None),)  # type: ignore[arg-type]
+    read = "2026-03-10T12:00:00Z"
+
+    def rules(spent: str, as_of: str | None) -> tuple[BudgetRule, ...]:
+        fields = {"spent_usd": spent, "spent_as_of": as_of}
+        return rules_of([msgspec.structs.replace(state("org"), **fields)])
+
+    async def figure(of: Sequence[BudgetRule]) -> tuple[int, float]:
+        ask = await guard.ask(of, chain, None, Worst(10, 10))
+        assert ask is not None
+        return ask.buckets[0].ledger_nanos, ask.buckets[0].ledger_as_of
+
+    # Key b's bundle was fetched before the budget's spend moved; key a's after.
+    key_a = rules("0.5", "2026-03-10T12:00:05Z")
+    key_b = rules("0.2", read)
+    guard.learn(key_b)
+    assert await figure(key_b) == (200_000_000, unix_seconds(read))
+    guard.learn(key_a)
+    assert await figure(key_b) == (500_000_000, unix_seconds("2026-03-10T12:00:05Z"))
+    guard.learn(rules("0.1", "2026-03-10T11:59:00Z"))  # an older reading changes nothing
+    assert (await figure(key_b))[0] == 500_000_000
