@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -76,19 +77,24 @@ class Entry:
 
 
 class _Entries(LRUCache[str, Entry]):
-    """An LRU that keeps an index by virtual key id, so change events find entries quickly."""
+    """An LRU that keeps an index by virtual key id, so change events find entries quickly,
+    and its entries apart, so change events can look through them all without marking each
+    one as just used (which reading the LRU itself does)."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize)
         self.by_vk: dict[str, set[str]] = {}
+        self.unordered: dict[str, Entry] = {}
 
     def __setitem__(self, digest: str, entry: Entry) -> None:
         super().__setitem__(digest, entry)
         self.by_vk.setdefault(entry.runtime.vk_id, set()).add(digest)
+        self.unordered[digest] = entry
 
     def __delitem__(self, digest: str) -> None:
         entry = self[digest]
         super().__delitem__(digest)
+        del self.unordered[digest]
         digests = self.by_vk.get(entry.runtime.vk_id)
         if digests is not None:
             digests.discard(digest)
@@ -99,6 +105,7 @@ class _Entries(LRUCache[str, Entry]):
         # cachetools empties its storage directly here, without deleting item by item.
         super().clear()
         self.by_vk.clear()
+        self.unordered.clear()
 
 
 class AuthCache:
@@ -358,8 +365,12 @@ class AuthCache:
     def apply(self, event: ChangeEvent) -> None:
         """Evict or refresh the entries an event from the change feed affects."""
         self._changes += 1
-        self._changed_at[event.organization_id] = self._changes
         kind = event.kind
+        spend_moved = kind == EventKind.BUDGET_UPDATED and event.entity_kind == SPEND_MOVED
+        if not spend_moved:
+            # A key loading meanwhile is fetched again (spend alone does not need it: the
+            # budgets count from the newest figure any key brought).
+            self._changed_at[event.organization_id] = self._changes
         vk_id = event.vk_id or event.entity_id
         if kind in _NEW_KEY_EVENTS:
             self._forget_unknown()
@@ -377,7 +388,7 @@ class AuthCache:
                     r.organization_id == event.organization_id and event.entity_id in r.provider_ids
                 )
             )
-        elif kind == EventKind.BUDGET_UPDATED and event.entity_kind == SPEND_MOVED:
+        elif spend_moved:
             # Only the budget's spend moved, every few seconds on a busy budget: one bundle
             # brings the new figure, and every key under the budget counts from it (see
             # `on_compiled`). Refreshing each of them would keep the control plane busy with
@@ -423,21 +434,23 @@ class AuthCache:
             entry.evicted = True
 
     def _refresh_where(self, affected: Callable[[KeyRuntime], bool]) -> None:
-        for entry in list(self._entries.values()):
+        for entry in list(self._entries.unordered.values()):
             if affected(entry.runtime):
                 self._schedule_refresh(entry)
 
     def _refresh_one(self, affected: Callable[[KeyRuntime], bool]) -> None:
         """Refresh one entry of those `affected` names: one already refreshing, if any (it goes
-        round once more), so a burst of events costs one refresh at a time."""
-        chosen: Entry | None = None
-        for entry in self._entries.values():
+        round once more), so a burst of events costs one refresh at a time; else one picked at
+        random, so a key whose refreshes fail (or that is evicted) is not the only one asked."""
+        candidates: list[Entry] = []
+        for entry in self._entries.unordered.values():
             if affected(entry.runtime):
-                chosen = entry
                 if entry.refreshing:
-                    break
-        if chosen is not None:
-            self._schedule_refresh(chosen)
+                    self._schedule_refresh(entry)
+                    return
+                candidates.append(entry)
+        if candidates:
+            self._schedule_refresh(random.choice(candidates))
 
     async def settle(self) -> None:
         """Wait until the background work under way (refreshes, shared resolutions) is done."""

@@ -199,13 +199,15 @@ class BudgetGuard:
         """(budget, window, end user) → (ledger nanos, as of, fetched at monotonic)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._windows: dict[str, tuple[float | None, float | None]] = {}
-        self._kept: dict[int, tuple[BudgetRule, float | None, int, BudgetBucket]] = {}
-        """id(rule) → (rule, window start, group, its bucket): see `_bucket_of`."""
+        self._kept: dict[int, tuple[BudgetRule, float | None, int, BudgetBucket, int]] = {}
+        """id(rule) → (rule, window start, group, its bucket, `_learnt` when last checked): see
+        `_bucket_of`."""
         self._windows_until = 0.0
-        self._figures: LRUCache[tuple[str, float | None], tuple[int, float]] = LRUCache(
-            KEPT_BUCKETS
-        )
-        """(budget, window start) → the newest ledger figure any bundle brought: (nanos, as of)."""
+        self._figures: dict[tuple[str, float | None], tuple[int, float]] = {}
+        """(budget, window start) → the newest ledger figure any bundle brought: (nanos, as of).
+        (Dropped at KEPT_BUCKETS entries: the counters keep the newest figure they were given.)"""
+        self._learnt = 0
+        """Counts the figures `learn` took: a kept bucket checked since the last is current."""
 
     def learn_from(self, runtime: KeyRuntime) -> None:
         """`learn` the budgets of a runtime just compiled (the auth cache's callback)."""
@@ -215,18 +217,17 @@ class BudgetGuard:
         """Keep the newest ledger figure of each budget among `rules` (a bundle just fetched):
         every key under a budget counts from it, whichever key's bundle brought it. (When only
         a budget's spend moved, one key's bundle is fetched again, not every key's.)"""
-        learnt = False
+        figures = self._figures
         for rule in rules:
             if rule.per_end_user or not rule.ledger_as_of:
                 continue
             key = (rule.budget_id, rule.ledger_window)
-            known = self._figures.get(key)
+            known = figures.get(key)
             if known is None or rule.ledger_as_of > known[1]:
-                self._figures[key] = (rule.ledger_nanos, rule.ledger_as_of)
-                learnt = True
-        if learnt:
-            # Buckets built before carry older figures.
-            self._kept.clear()
+                if len(figures) >= KEPT_BUCKETS:
+                    figures.clear()
+                figures[key] = (rule.ledger_nanos, rule.ledger_as_of)
+                self._learnt += 1
 
     def _current_windows(
         self, moment: datetime, now: float
@@ -338,23 +339,32 @@ class BudgetGuard:
     ) -> BudgetBucket:
         """The bucket of a rule not per end user in the window from `start_ts`: the same for
         every request of the window (and of the bundle the rule came with), so kept, and shared
-        by those requests (nothing changes a bucket once built)."""
+        by those requests (nothing changes a bucket once built), until any key's bundle brings
+        a newer figure of its budget (`learn`)."""
         kept = self._kept.get(id(rule))
+        learnt = self._learnt
         # The entry holds `rule`: while it is kept, no other object can have its id.
         if kept is not None and kept[0] is rule and kept[1] == start_ts and kept[2] == group:
-            return kept[3]
+            if kept[4] == learnt:
+                return kept[3]
+            # Figures were learnt since: rebuilt only if its budget's is newer.
+            newer = self._figures.get((rule.budget_id, start_ts))
+            if newer is None or newer[1] <= kept[3].ledger_as_of:
+                self._kept[id(rule)] = (rule, start_ts, group, kept[3], learnt)
+                return kept[3]
+        else:
+            newer = self._figures.get((rule.budget_id, start_ts))
         if rule.ledger_window == start_ts:
             ledger, as_of = rule.ledger_nanos, rule.ledger_as_of
         else:
             # A bundle built in an earlier window says nothing of this one.
             ledger, as_of = 0, 0.0
-        newer = self._figures.get((rule.budget_id, start_ts))
         if newer is not None and newer[1] > as_of:
             ledger, as_of = newer
         bucket = _bucket(rule, group, start_ts, end_ts, ledger, as_of)
         if len(self._kept) >= KEPT_BUCKETS:
             self._kept.clear()
-        self._kept[id(rule)] = (rule, start_ts, group, bucket)
+        self._kept[id(rule)] = (rule, start_ts, group, bucket, learnt)
         return bucket
 
     @staticmethod

@@ -655,7 +655,35 @@ async def test_a_budgets_spend_moving_refreshes_one_key_under_it_at_a_time(
     control.config_gate.set()
     await cache.settle()
     assert len(control.configs) == 7
-    assert len({vk for vk, _ in control.configs[4:]}) == 1
+    assert len({vk for vk, _ in control.configs[5:]}) == 1
+
+    # Every key but one is refused now (revoked meanwhile): events go on until one answers.
+    kept = min({"vk_a", "vk_b", "vk_c"} - {refreshed})
+    for vk in {"vk_a", "vk_b", "vk_c"} - {kept}:
+        control.key(vk).refused = ErrorCode.VIRTUAL_KEY_REVOKED
+    for _ in range(3):  # each refused key is asked at most once: its refusal evicts it
+        cache.apply(spent)
+        await cache.settle()
+        if control.configs[-1][0] == kept:
+            break
+    assert control.configs[-1][0] == kept
+
+
+async def test_events_looking_through_the_cache_leave_its_eviction_order_alone(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    cache = make_cache(control, clock, maxsize=2)
+    for name in ("a", "b", "c"):
+        control.issue(f"vk-{name}", f"vk_{name}", budgets=[budget("bud-1")])
+    await cache.authenticate("vk-a")
+    await cache.authenticate("vk-b")
+    await cache.authenticate("vk-a")  # b is now the least recently used
+    cache.apply(event(EventKind.BUDGET_DELETED, "bud-2"))  # looks at every entry, needs none
+    await cache.authenticate("vk-c")
+    control.configs.clear()
+    await cache.authenticate("vk-a")
+    assert control.configs == [], "a was used last: b made room for c"
+    await cache.close()
 
 
 @pytest.mark.parametrize(
