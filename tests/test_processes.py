@@ -29,7 +29,9 @@ def read_secrets(path: Path) -> dict[str, str]:
 
 def test_up_generates_private_secrets_and_reuses_them_on_restart(tmp_path: Path) -> None:
     port = free_port()
-    env = clean_env(VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}")
+    env = clean_env(
+        VKGATE_CONTROLPLANE_ADDR=f"127.0.0.1:{port}", VKGATE_PROXY_ADDR=f"127.0.0.1:{free_port()}"
+    )
     secrets_file = tmp_path / ".vkgate" / "secrets.env"
 
     with running(["up"], env=env, port=port, log=tmp_path / "up-1.log", cwd=tmp_path) as first:

@@ -315,6 +315,7 @@ async def test_a_record_id_reused_with_other_contents_refuses_the_segment(
         ({"at": "2026-03-10T12:00:00"}, "records[3].at"),
         ({"at": "2026-02-30T12:00:00.000000Z"}, "records[3].at"),
         ({"at": "2026-02-30T12:00:00.5+01:00"}, "records[3].at"),
+        ({"at": "0001-01-01T00:30:00+01:00"}, "records[3].at"),
         ({"kind": "refund"}, "records[3].kind"),
         ({"seq": 0}, "records[3].seq"),
         ({"replica_id": "someone-else"}, "records[3].replica_id"),

@@ -132,7 +132,6 @@ def _time(text: str, refuse: Callable[[str], ApiError]) -> datetime:
         assert digits is not None
         text = f"{head}.{digits.group()[:6].ljust(6, '0')}{tail[digits.end() :]}"
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: out of range once moved to UTC
         raise refuse("is not a valid date and time") from None
-    return moment.astimezone(UTC)
