@@ -252,7 +252,7 @@ async def _start(
         tracing=tracing,
     )
     spool.on_ledgered = gateway.budgets.ledgered_through
-    cache.on_compiled = gateway.budgets.learn_from
+    cache.on_compiled = lambda runtime: gateway.budgets.learn(runtime.budget_rules)
     running.watch()
     try:
         listener = await _metrics_listener(settings, running.metrics)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from cachetools import LRUCache
 
@@ -33,9 +33,6 @@ from vkgate.money import nanos_to_usd, usd_to_nanos
 from vkgate.spend import BudgetBucketSpend, SpendRecord
 from vkgate.windows import WINDOWS, window_bounds
 from vkgate.wire import BudgetState
-
-if TYPE_CHECKING:
-    from proxy.runtime import KeyRuntime
 
 log = logging.getLogger("vkgate.proxy.limits")
 
@@ -208,10 +205,6 @@ class BudgetGuard:
         (Dropped at KEPT_BUCKETS entries: the counters keep the newest figure they were given.)"""
         self._learnt = 0
         """Counts the figures `learn` took: a kept bucket checked since the last is current."""
-
-    def learn_from(self, runtime: KeyRuntime) -> None:
-        """`learn` the budgets of a runtime just compiled (the auth cache's callback)."""
-        self.learn(runtime.budget_rules)
 
     def learn(self, rules: Sequence[BudgetRule]) -> None:
         """Keep the newest ledger figure of each budget among `rules` (a bundle just fetched):

@@ -14,9 +14,9 @@ from litestar.testing import AsyncTestClient
 
 from proxy.app import create_app
 from proxy.control import ControlPlaneClient, Refused, Unreachable
-from proxy.settings import ProxySettings
 from proxy.spend.drainer import Ship, SpoolDrainer
 from proxy.spend.spool import SpendSpool, SpoolError
+from tests.proxy.conftest import proxy_settings
 from tests.proxy.spool_support import FakeLedger, SteppedClock, record
 from tests.support.env import INTERNAL_SECRET
 from vkgate import signing
@@ -404,14 +404,12 @@ async def test_the_proxy_recovers_at_start_and_ships_at_shutdown(
     left = SpendSpool.open(spool_dir, clock, replica_id="pod-a")
     left.append(record("from-before"))
     left.close()
-    settings = ProxySettings(
-        internal_secret=INTERNAL_SECRET,
+    settings = proxy_settings(
         controlplane_url="http://cp.test",
         spool_dir=spool_dir,
         replica_id="pod-a",
         spend_flush_interval_s=3600,  # nothing is shipped before shutdown but by the drainer's
         shutdown_grace_s=5,  # first pass, which ships what start-up recovered
-        metrics_port=None,
     )
     app = create_app(settings, clock=clock, control_transport=transport)
     async with AsyncTestClient(app) as http:
@@ -430,9 +428,7 @@ async def test_the_proxy_refuses_to_start_on_a_spool_it_cannot_use(
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    settings = ProxySettings(
-        internal_secret=INTERNAL_SECRET, spool_dir=blocker / "spool", metrics_port=None
-    )
+    settings = proxy_settings(spool_dir=blocker / "spool")
     app = create_app(settings, clock=clock, control_transport=fake_control_plane(clock)[0])
     with pytest.raises(BaseException) as failed:
         async with AsyncTestClient(app):
