@@ -48,6 +48,10 @@ END_USER_SPEND_TTL_S = 60.0
 KEPT_BUCKETS = 100_000
 """Budget buckets kept for reuse (one per rule and window) before they are all dropped."""
 UNWRITTEN_MAX = 100_000
+LEDGERED_CHUNK = 256
+"""Settled amounts handed to the counters per call once the ledger has them, the event loop
+free between calls: a full segment's 2,400 in one call held it for 5-12 ms (a Redis script, the
+Redis server likewise)."""
 """Settlements remembered for outcomes the spool holds in memory (as many as it holds)."""
 
 
@@ -445,7 +449,11 @@ class BudgetGuard:
 
     async def _ledgered(self, entries: list[tuple[str, str]]) -> None:
         try:
-            await self._counters.ledgered(entries, self._clock.now().timestamp())
+            for start in range(0, len(entries), LEDGERED_CHUNK):
+                if start:
+                    await asyncio.sleep(0)  # requests waiting go first
+                chunk = entries[start : start + LEDGERED_CHUNK]
+                await self._counters.ledgered(chunk, self._clock.now().timestamp())
         except Exception:
             # They lapse after HOLD_S: counted twice until then, which only errs on the safe side.
             log.exception(

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 import msgspec
 import pytest
 
-from proxy.limits.budgets import BudgetAsk, BudgetGuard, BudgetRule, Worst, rules_of
+from proxy.limits.budgets import (
+    LEDGERED_CHUNK,
+    BudgetAsk,
+    BudgetGuard,
+    BudgetRule,
+    Worst,
+    rules_of,
+)
 from proxy.limits.cost import INLINE_DATA_TOKENS, Prompt, Rates, rates_of
 from proxy.limits.counters import LocalCounters
 from proxy.limits.store import BudgetBucket
@@ -149,6 +156,32 @@ async def test_settled_spend_is_marked_acknowledged_whatever_order_requests_fini
     guard.ledgered_through(8)
     await asyncio.sleep(0)  # the acknowledgement is handed to the counters in a task
     assert counters.acknowledged == [("bg:k", "h7")]
+
+
+async def test_a_segments_many_settlements_reach_the_counters_a_chunk_at_a_time() -> None:
+    calls: list[int] = []
+    counters = Counting()
+    take = counters.ledgered
+
+    async def ledgered(entries: Sequence[tuple[str, str]], now: float) -> None:
+        calls.append(len(entries))
+        await take(entries, now)
+
+    counters.ledgered = ledgered  # type: ignore[method-assign]
+    guard = BudgetGuard(counters, ManualClock(), spend_source=None, default_output_tokens=1)
+    bucket = BudgetBucket("bg:k", 10**9, 0, 0.0, True, 0, None)
+    ask = BudgetAsk([bucket], [5], list(rules_of([state("k")])), {}, {"p": 5})
+    n = 2 * LEDGERED_CHUNK + 1
+    for seq in range(1, n + 1):
+        guard.settled(seq, ask, f"h{seq}", [3])
+    guard.ledgered_through(n)
+    await asyncio.sleep(0)
+    # The event loop had a turn after the first chunk: the rest is still to come.
+    assert calls == [LEDGERED_CHUNK]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert calls == [LEDGERED_CHUNK, LEDGERED_CHUNK, 1]
+    assert counters.acknowledged == [("bg:k", f"h{seq}") for seq in range(1, n + 1)]
 
 
 async def test_an_outcome_written_late_is_acknowledged_once_the_ledger_has_its_seq() -> None:
