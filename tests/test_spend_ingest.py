@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -17,6 +18,7 @@ from litestar import Litestar
 from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.settings import ControlPlaneSettings
+from controlplane.spend import routes as spend_routes
 from tests.conftest import Internal, World, serve_in_loop
 from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
@@ -359,6 +361,49 @@ async def test_a_body_that_is_no_segment_is_refused(
     client: Client, clock: ManualClock, body: bytes, status: int, code: str
 ) -> None:
     error_of(await ship(client, clock, body), status, code)
+
+
+async def test_a_gzip_segment_is_the_same_segment(
+    client: Client, world: World, clock: ManualClock
+) -> None:
+    seg = segment(served(world, clock))
+    response = await ship(client, clock, seg, encoding="gzip")
+    assert response.status_code == 200, response.text
+    # Said on every answer of the internal API, so a proxy knows it may compress.
+    assert response.headers["accept-encoding"] == "gzip"
+    first = msgspec.json.decode(response.content)
+    again = await shipped(client, clock, seg)
+    assert (first["accepted"], first["duplicates"]) == (2, 0)
+    assert (again.accepted, again.duplicates) == (0, 2)
+    assert len(await ledger_rows(client, world.org)) == 1
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "message"),
+    [
+        ("br", b"{}", "Content-Encoding 'br'"),
+        ("gzip", b'{"replica_id": "r"}', "not valid gzip"),
+        ("gzip", gzip.compress(b'{"segment_id": "s"}', mtime=0)[:-6], "truncated"),
+        ("gzip", gzip.compress(b"{}", mtime=0) + b"more", "trailing bytes"),
+    ],
+    ids=["brotli", "not-gzip", "truncated", "trailing-bytes"],
+)
+async def test_a_body_in_another_coding_or_broken_gzip_is_refused(
+    client: Client, clock: ManualClock, encoding: str, body: bytes, message: str
+) -> None:
+    error = error_of(await ship(client, clock, body, encoding=encoding), 400, "invalid_request")
+    assert message in error["message"]
+
+
+async def test_a_gzip_body_inflating_past_the_limit_is_refused_unwritten(
+    client: Client, world: World, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [r for _ in range(20) for r in served(world, clock)]
+    body = gzip.compress(msgspec.json.encode(segment(records)))
+    monkeypatch.setattr(spend_routes, "SPEND_SEGMENT_MAX_BYTES", 4 * len(body))
+    error = error_of(await ship(client, clock, body, encoding="gzip"), 413, "payload_too_large")
+    assert "inflates past" in error["message"]
+    assert await ledger_rows(client, world.org) == []
 
 
 async def test_an_unsigned_segment_is_refused_and_not_written(

@@ -16,6 +16,12 @@ from enum import StrEnum
 import msgspec
 
 SPEND_COMMANDS_PATH = "/spend-commands"
+SEGMENT_ENCODING = "gzip"
+"""The one content coding a segment may be shipped in (`Content-Encoding: gzip`), besides none.
+The control plane names it in an `Accept-Encoding` header on its internal API's answers (as RFC
+7694 lets a server say which codings it takes in requests); a proxy compresses only after it
+has seen that, so a control plane that predates compression is never sent a body it cannot
+read."""
 BUDGET_BUCKET_SPEND_PATH = "/budget-bucket-spend"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, Router, get, post
+from litestar.datastructures import ResponseHeader
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.status_codes import HTTP_200_OK, HTTP_204_NO_CONTENT, HTTP_304_NOT_MODIFIED
 
@@ -23,6 +24,7 @@ from controlplane.spend.routes import budget_bucket_spend, spend_commands
 from controlplane.state import AppState
 from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
+from vkgate.spend import SEGMENT_ENCODING
 from vkgate.wire import (
     CHANGES_DEFAULT_TIMEOUT_S,
     CHANGES_MAX_EVENTS,
@@ -187,5 +189,8 @@ internal_router = Router(
         budget_bucket_spend,
     ],
     guards=[require_signature],
+    # Spend segments may come gzipped (vkgate.spend.SEGMENT_ENCODING): said on every answer, so
+    # a proxy knows before its first shipment (its change feed asks `health` at start).
+    response_headers=[ResponseHeader(name="Accept-Encoding", value=SEGMENT_ENCODING)],
     include_in_schema=False,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
@@ -24,7 +25,8 @@ log = logging.getLogger("vkgate.controlplane.spend")
 
 SPEND_SEGMENT_MAX_BYTES = 128 * 1024 * 1024
 """A segment holds a flush interval of a replica's records (~600 bytes each): far more than
-an admin body, so this route has its own limit instead of VKGATE_CONTROLPLANE_MAX_BODY_BYTES."""
+an admin body, so this route has its own limit instead of VKGATE_CONTROLPLANE_MAX_BODY_BYTES.
+It bounds the body as sent and, for a gzip body, what it inflates to."""
 JSON = "application/json"
 CSV = "text/csv; charset=utf-8"
 NEXT_CURSOR_HEADER = "X-Vkgate-Next-Cursor"
@@ -155,7 +157,13 @@ async def spend_commands(vk: Vk, request: Request[Any, Any, Any]) -> SpendAck:
     """A spool segment into the ledger; the same segment twice changes nothing."""
     body = await request.body()
     try:
-        checked = segments.check(segments.decode(body))
+        data = body
+        if (encoding := request.headers.get("content-encoding")) is not None:
+            # Off the event loop: a full segment inflates to megabytes.
+            data = await asyncio.to_thread(
+                segments.inflate, body, encoding, SPEND_SEGMENT_MAX_BYTES
+            )
+        checked = segments.check(segments.decode(data))
     except ApiError as exc:
         vk.metrics.spend_segments.labels("rejected").inc()
         # The proxy sets a refused segment aside (its `rejected/` directory): its spend is

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ import msgspec
 from controlplane.errors import ApiError, invalid
 from controlplane.ledger.rows import TOKEN_COLUMNS, Entry
 from vkgate.errors import ErrorCode
-from vkgate.spend import RecordKind, SpendRecord, SpendSegment, UsageSource
+from vkgate.spend import SEGMENT_ENCODING, RecordKind, SpendRecord, SpendSegment, UsageSource
 
 MAX_TOKENS = 2**53
 MAX_ID_LENGTH = 200
@@ -28,6 +29,7 @@ _AS_PROXIES_WRITE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z").f
 """UTC with microseconds, as every record of a proxy is timed: read without the general case's
 work (a third of its cost, for each of a segment's thousands of records)."""
 _PATH = re.compile(r"at `\$\.?(.*)`$")
+_GZIP_ONLY = 16 + zlib.MAX_WBITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,41 @@ class CheckedSegment:
     admits: list[Entry]
     repeated: int
     """Records that appeared twice, identical, in this segment: written once."""
+
+
+def inflate(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """The segment's JSON from a body in `encoding` (its `Content-Encoding`): none or gzip.
+
+    At most `max_bytes` are inflated (413 past that: a small body must not expand into
+    gigabytes); a body that is not whole gzip is a 400.
+    """
+    coding = (encoding or "identity").strip().lower()
+    if coding == "identity":
+        return body
+    if coding != SEGMENT_ENCODING:
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            f"spend segment in Content-Encoding {coding!r}: only {SEGMENT_ENCODING} or none is "
+            "taken",
+        )
+    inflater = zlib.decompressobj(wbits=_GZIP_ONLY)
+    try:
+        data = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST, f"spend segment is not valid gzip: {exc}"
+        ) from None
+    if len(data) > max_bytes:
+        raise ApiError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"spend segment inflates past what the control plane takes ({max_bytes} bytes)",
+        )
+    if not inflater.eof or inflater.unused_data:
+        raise ApiError(
+            ErrorCode.INVALID_REQUEST,
+            "spend segment's gzip body is truncated or has trailing bytes",
+        )
+    return data
 
 
 def decode(body: bytes) -> SpendSegment:

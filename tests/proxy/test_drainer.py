@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 from pathlib import Path
 
@@ -317,28 +318,63 @@ def fake_control_plane(
     received: list[SpendSegment] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
-        path = request.url.raw_path.decode()
-        problem = signing.verify(
-            INTERNAL_SECRET,
-            request.method,
-            path,
-            request.content,
-            request.headers.get(signing.TIMESTAMP_HEADER),
-            request.headers.get(signing.SIGNATURE_HEADER),
-            clock.now().timestamp(),
-        )
-        if problem is not None:
-            return httpx.Response(401, json={"error": {"code": "bad_signature", "message": ""}})
-        if path != INTERNAL_PREFIX + SPEND_COMMANDS_PATH:
-            return httpx.Response(503)  # the change feed and the rest: down
+        if (refusal := _unsigned_or_elsewhere(request, clock)) is not None:
+            return refusal
         if answer is not None:
             return answer
         segment = msgspec.json.decode(request.content, type=SpendSegment)
         received.append(segment)
-        ack = SpendAck(segment_id=segment.segment_id, accepted=len(segment.records), duplicates=0)
-        return httpx.Response(200, content=msgspec.json.encode(ack))
+        return _ack(segment)
 
     return httpx.MockTransport(handle), received
+
+
+def gzip_control_plane(
+    clock: SteppedClock, *, reads_gzip: bool
+) -> tuple[httpx.MockTransport, list[tuple[str | None, SpendSegment]]]:
+    """spend-commands answering `Accept-Encoding: gzip` on every success; a gzip body is read
+    (`reads_gzip`) or refused with a 400, as a replica that cannot read it would."""
+    received: list[tuple[str | None, SpendSegment]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if (refusal := _unsigned_or_elsewhere(request, clock)) is not None:
+            return refusal
+        encoding = request.headers.get("content-encoding")
+        body = request.content
+        if encoding == "gzip":
+            if not reads_gzip:
+                return httpx.Response(400, json={"error": {"code": "x", "message": "not JSON"}})
+            body = gzip.decompress(body)
+        segment = msgspec.json.decode(body, type=SpendSegment)
+        received.append((encoding, segment))
+        answer = _ack(segment)
+        answer.headers["Accept-Encoding"] = "gzip"
+        return answer
+
+    return httpx.MockTransport(handle), received
+
+
+def _unsigned_or_elsewhere(request: httpx.Request, clock: SteppedClock) -> httpx.Response | None:
+    path = request.url.raw_path.decode()
+    problem = signing.verify(
+        INTERNAL_SECRET,
+        request.method,
+        path,
+        request.content,
+        request.headers.get(signing.TIMESTAMP_HEADER),
+        request.headers.get(signing.SIGNATURE_HEADER),
+        clock.now().timestamp(),
+    )
+    if problem is not None:
+        return httpx.Response(401, json={"error": {"code": "bad_signature", "message": ""}})
+    if path != INTERNAL_PREFIX + SPEND_COMMANDS_PATH:
+        return httpx.Response(503)  # the change feed and the rest: down
+    return None
+
+
+def _ack(segment: SpendSegment) -> httpx.Response:
+    ack = SpendAck(segment_id=segment.segment_id, accepted=len(segment.records), duplicates=0)
+    return httpx.Response(200, content=msgspec.json.encode(ack))
 
 
 def client(clock: SteppedClock, transport: httpx.MockTransport) -> ControlPlaneClient:
@@ -384,6 +420,56 @@ class TestShipSpend:
         control = client(clock, fake_control_plane(clock, answer)[0])
         with pytest.raises(Unreachable):
             await control.ship_spend(b"{}")
+        await control.close()
+
+    async def test_segments_go_gzipped_once_the_control_plane_says_it_takes_them(
+        self, spool: SpendSpool, clock: SteppedClock
+    ) -> None:
+        transport, received = gzip_control_plane(clock, reads_gzip=True)
+        control = client(clock, transport)
+        ids = segments_of(spool, 3, 2)
+        await SpoolDrainer(spool, control.ship_spend, clock).ship_ready()
+        # The first answer is the first word of it: what followed went compressed.
+        assert [(encoding, s.segment_id) for encoding, s in received] == [
+            (None, ids[0]),
+            ("gzip", ids[1]),
+        ]
+        assert [len(s.records) for _, s in received] == [3, 2]
+        assert control.gzip_segments
+        assert spool.pending_segments() == []
+        await control.close()
+        spool.close()
+
+    async def test_a_gzip_segment_refused_goes_again_as_it_is(
+        self, spool: SpendSpool, clock: SteppedClock
+    ) -> None:
+        transport, received = gzip_control_plane(clock, reads_gzip=False)
+        control = client(clock, transport)
+        control.gzip_segments = True  # as a reading replica's answer would have set it
+        [segment_id] = segments_of(spool, 2)
+        await SpoolDrainer(spool, control.ship_spend, clock).ship_ready()
+        assert [(encoding, s.segment_id) for encoding, s in received] == [(None, segment_id)]
+        assert spool.pending_segments() == []
+        await control.close()
+        spool.close()
+
+    @pytest.mark.parametrize(
+        ("header", "takes"),
+        [("gzip", True), ("deflate, GZIP;q=1", True), ("deflate", False), ("", False)],
+    )
+    async def test_an_answer_without_gzip_in_accept_encoding_turns_it_off(
+        self, clock: SteppedClock, header: str, takes: bool
+    ) -> None:
+        ack = SpendAck(segment_id="s", accepted=0, duplicates=0)
+        answer = httpx.Response(
+            200, content=msgspec.json.encode(ack), headers={"Accept-Encoding": header}
+        )
+        control = client(clock, fake_control_plane(clock, answer)[0])
+        control.gzip_segments = not takes
+        await control.ship_spend(
+            msgspec.json.encode(SpendSegment(replica_id="r0", segment_id="s", records=[]))
+        )
+        assert control.gzip_segments is takes
         await control.close()
 
     async def test_an_unreadable_ack_is_tried_again_later(self, clock: SteppedClock) -> None:

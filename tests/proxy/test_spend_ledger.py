@@ -184,6 +184,8 @@ async def test_shipping_the_same_spool_twice_changes_nothing(
     assert segment is not None
     loaded = running.spool.load(segment)
     first = await running.control.ship_spend(loaded.body)
+    # The control plane's answers say it takes gzip: the second goes compressed.
+    assert running.control.gzip_segments
     again = await running.control.ship_spend(loaded.body)
     assert (first.accepted, first.duplicates) == (2, 0)
     assert (again.accepted, again.duplicates) == (0, 2)

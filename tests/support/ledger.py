@@ -7,6 +7,7 @@ random ids). A ClickHouse server is used too when VKGATE_TEST_CLICKHOUSE_URL nam
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import os
 import secrets
@@ -125,16 +126,25 @@ def segment(records: list[SpendRecord], segment_id: str | None = None) -> SpendS
 
 
 async def ship(
-    client: httpx.AsyncClient, clock: ManualClock, body: SpendSegment | bytes
+    client: httpx.AsyncClient,
+    clock: ManualClock,
+    body: SpendSegment | bytes,
+    *,
+    encoding: str | None = None,
 ) -> httpx.Response:
-    """POST a segment to spend-commands, signed as a proxy signs it."""
+    """POST a segment to spend-commands, signed as a proxy signs it; with `encoding`, the
+    body (already in that coding when given as bytes, gzipped here when a segment) is sent
+    with that `Content-Encoding`."""
     raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
-    headers = signing.signed_headers(
+    headers = {"content-type": "application/json"}
+    if encoding is not None:
+        headers["content-encoding"] = encoding
+        if not isinstance(body, bytes):
+            raw = gzip.compress(raw)
+    signed = signing.signed_headers(
         INTERNAL_SECRET, "POST", SPEND_COMMANDS, raw, clock.now().timestamp()
     )
-    return await client.post(
-        SPEND_COMMANDS, content=raw, headers={**headers, "content-type": "application/json"}
-    )
+    return await client.post(SPEND_COMMANDS, content=raw, headers={**signed, **headers})
 
 
 async def shipped(client: httpx.AsyncClient, clock: ManualClock, body: SpendSegment) -> SpendAck:
