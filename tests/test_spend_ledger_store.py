@@ -18,7 +18,9 @@ from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.ledger import migrate
 from controlplane.ledger.client import LedgerError, connect
-from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS
+from controlplane.ledger.queries import SpendFilter
+from controlplane.ledger.queries import spend as spend_query
+from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS, Entry, Price, PricedEntry
 from controlplane.ledger.store import Ledger
 from controlplane.settings import ControlPlaneSettings, LedgerLocation, ledger_location
 from controlplane.spend.pricing import Pricer, ProviderPricing, to_nanos
@@ -152,6 +154,55 @@ def test_an_applied_migration_that_changed_is_refused(
     )
     with pytest.raises(LedgerError, match=re.escape("0001_t.sql changed after it was applied")):
         migrate.upgrade(fresh_database, tmp_path)
+
+
+def _priced(org: str, day: datetime, cost: int, **fields: str) -> PricedEntry:
+    outcome = request(day + timedelta(hours=3), organization_id=org, **fields)[1]
+    entry = Entry(outcome, datetime.fromisoformat(outcome.at), "seg-daily")
+    return PricedEntry(entry, Price(cost, "test", "v1"))
+
+
+async def test_budgets_count_what_the_ledger_held_before_its_daily_sums_and_since(
+    fresh_database: LedgerLocation, tmp_path: Path
+) -> None:
+    (tmp_path / "0001").mkdir()
+    shutil.copy(migrate.DIRECTORY / "0001_ledger.sql", tmp_path / "0001")
+    migrate.upgrade(fresh_database, tmp_path / "0001")
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    try:
+        held = [_priced(org, day, 700, virtual_key_id="vk_a") for _ in range(2)]
+        await ledger.write([*held, _priced(org, day, 0)], [], AT)
+        # The daily sums start; what the ledger held is summed once.
+        assert migrate.upgrade(fresh_database) == ["0002_spend_daily.sql"]
+        # Ingested since, as the control plane stamps it: after the sums began.
+        since = datetime.now(UTC) + timedelta(seconds=2)
+        await ledger.write([_priced(org, day, 50, virtual_key_id="vk_b")], [], since)
+        await ledger.write([_priced(org, day + timedelta(days=1), 9)], [], since)
+        await ledger.write(held, [], since)  # shipped again: the ledger knows them
+        windows = [
+            SpendFilter(start=day, end=day + timedelta(days=1)),
+            SpendFilter(start=day, end=day + timedelta(days=1), virtual_key_id="vk_a"),
+            SpendFilter(start=day + timedelta(days=1), end=day + timedelta(days=2)),
+            SpendFilter(),
+        ]
+        assert await ledger.spend(org, windows) == [1450, 1400, 9, 1459]
+
+        # The file run again, as after a failure half-way: nothing is counted twice.
+        client = connect(fresh_database)
+        try:
+            for statement in migrate.available()[1].statements:
+                client.command(statement)
+        finally:
+            client.close()
+        assert await ledger.spend(org, windows) == [1450, 1400, 9, 1459]
+    finally:
+        await ledger.close()
+
+
+def test_a_budget_window_not_of_whole_days_is_refused() -> None:
+    with pytest.raises(ValueError, match="whole UTC days"):
+        spend_query("org", [SpendFilter(start=AT)])
 
 
 def test_a_migration_file_badly_named_is_refused(tmp_path: Path) -> None:

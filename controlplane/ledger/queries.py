@@ -4,19 +4,25 @@ Only constants of this module (tables, columns, expressions) are ever put into t
 value is a bound `{name:Type}` parameter, hence the `noqa: S608`s.
 
 Every read of `ledger_rows` and `ledger_admits` uses FINAL, so a duplicate row that a race let
-in (and that the ReplacingMergeTree has not merged away yet) is never counted twice.
+in (and that the ReplacingMergeTree has not merged away yet) is never counted twice. Budgets
+read the daily sums instead (`spend`), which count such a row twice: see
+migrations/clickhouse/0002_spend_daily.sql.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from controlplane.ledger.rows import LEDGER_COLUMNS, TOKEN_COLUMNS
 
 TIME = "DateTime64(6, 'UTC')"
+DAILY_TABLE = "ledger_spend_daily"
+DAILY_BEFORE_TABLE = "ledger_spend_daily_before"
+SCOPE_COLUMNS = ("team_id", "project_id", "virtual_key_id", "end_user", "provider_id")
+"""What a budget's scope can name: '' for none in the daily sums."""
 
 GROUPS: dict[str, tuple[str, str]] = {
     # group_by name → (output field, SQL expression)
@@ -105,30 +111,46 @@ def stored_ids(
 
 
 def spend(organization_id: str, filters: Sequence[SpendFilter]) -> Query:
-    """One sum of cost_nano_usd per filter, in one pass over the organization's rows."""
+    """One sum of cost_nano_usd per filter, in one pass over the organization's daily sums.
+
+    Budgets' windows are whole UTC days, so the daily sums (`ledger_spend_daily`, and
+    `..._before` for what the ledger held before they were kept) give their spend exactly
+    without reading a ledger row. A window that does not start or end at midnight is refused.
+    """
     parameters: dict[str, Any] = {"org": organization_id}
     sums = []
     for i, wanted in enumerate(filters):
         conditions = []
         if wanted.start is not None:
-            parameters[f"s{i}"] = wanted.start
-            conditions.append(f"at >= {{s{i}:{TIME}}}")
+            parameters[f"s{i}"] = _day(wanted.start)
+            conditions.append(f"day >= {{s{i}:Date}}")
         if wanted.end is not None:
-            parameters[f"e{i}"] = wanted.end
-            conditions.append(f"at < {{e{i}:{TIME}}}")
-        for column in ("team_id", "project_id", "virtual_key_id", "end_user", "provider_id"):
+            parameters[f"e{i}"] = _day(wanted.end)
+            conditions.append(f"day < {{e{i}:Date}}")
+        for column in SCOPE_COLUMNS:
             value = getattr(wanted, column)
             if value is not None:
                 parameters[f"{column}{i}"] = value
                 conditions.append(f"{column} = {{{column}{i}:String}}")
         sums.append(f"sumIf(cost_nano_usd, {' AND '.join(conditions) or '1'})")
-    starts = [f.start for f in filters]
     where = "organization_id = {org:String}"
+    starts = [f.start for f in filters]
     if starts and all(s is not None for s in starts):
-        parameters["lo"] = min(s for s in starts if s is not None)
-        where += f" AND at >= {{lo:{TIME}}}"
-    sql = f"SELECT {', '.join(sums)} FROM ledger_rows FINAL WHERE {where}"  # noqa: S608
+        parameters["lo"] = min(_day(s) for s in starts if s is not None)
+        where += " AND day >= {lo:Date}"
+    columns = ", ".join(("cost_nano_usd", *SCOPE_COLUMNS, "day"))
+    sql = (
+        f"SELECT {', '.join(sums)} FROM ("  # noqa: S608
+        f"SELECT {columns} FROM {DAILY_TABLE} WHERE {where} UNION ALL "
+        f"SELECT {columns} FROM {DAILY_BEFORE_TABLE} FINAL WHERE {where})"
+    )
     return Query(sql, parameters)
+
+
+def _day(moment: datetime) -> date:
+    if moment.utcoffset() != timedelta(0) or moment.time() != time(0):
+        raise ValueError(f"budget windows are whole UTC days: {moment.isoformat()} is not midnight")
+    return moment.date()
 
 
 def _period(period: Period) -> tuple[str, dict[str, Any]]:
