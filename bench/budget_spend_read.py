@@ -1,0 +1,101 @@
+"""What reading a budget's spend costs as an organization's month fills up, on embedded chDB.
+
+Fills a fresh ledger with one organization's month (50 keys, 200 end users, spread evenly over
+December) in blocks of 2,400 rows, as full segments arrive, and after each `--rows` step times
+the control plane's read of two budgets (the organization's month, one key's month) from the
+daily sums, against the same sums over every ledger row with FINAL (how budgets were read
+before the daily sums). Both must agree.
+
+    .venv/bin/python bench/budget_spend_read.py [--rows 100000,1000000,3000000] [--reads 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from controlplane.ledger import queries
+from controlplane.ledger.client import connect
+from controlplane.ledger.migrate import upgrade
+from controlplane.settings import LedgerLocation
+
+MONTH = datetime(2026, 12, 1, tzinfo=UTC)
+MONTH_SECONDS = 31 * 86_400
+BLOCK = 2_400
+"""Outcome rows of a full 2 MiB segment: the view sums each inserted block on its own."""
+TIME = "DateTime64(6, 'UTC')"
+FINAL_READ = (
+    f"SELECT sumIf(cost_nano_usd, at >= {{s:{TIME}}} AND at < {{e:{TIME}}}), "
+    f"sumIf(cost_nano_usd, at >= {{s:{TIME}}} AND at < {{e:{TIME}}} AND virtual_key_id = {{v:String}}) "
+    f"FROM ledger_rows FINAL WHERE organization_id = {{org:String}} AND at >= {{s:{TIME}}}"
+)
+
+
+def fill(client: Any, first: int, count: int) -> None:
+    """Ledger rows `first` .. `first + count` of the month (row i at i/total of it)."""
+    client.command(
+        "INSERT INTO ledger_rows (id, kind, replica_id, seq, segment_id, request_id, at, route, "
+        "organization_id, virtual_key_id, end_user, status, usage_source, latency_ms, "
+        "cost_nano_usd, price_source, price_version, ingested_at) "
+        f"SELECT toString(generateUUIDv4()), 'confirm', 'bench', {first} + number, 'seg', "
+        "toString(number), toDateTime64('2026-12-01 00:00:00', 6, 'UTC') + "
+        f"toIntervalSecond(intDiv(number * {MONTH_SECONDS}, {count})), '/v1/chat/completions', "
+        "'org_bench', concat('vk_', toString(number % 50)), concat('u', toString(number % 200)), "
+        "200, 'provider', 1.0, 1000, 'bench', 'v1', now64(6) "
+        f"FROM numbers({count}) SETTINGS max_insert_block_size={BLOCK}, "
+        f"min_insert_block_size_rows={BLOCK}, min_insert_block_size_bytes=0"
+    )
+
+
+def timed(client: Any, sql: str, parameters: dict[str, Any], reads: int) -> tuple[float, tuple]:
+    times, answer = [], ()
+    for _ in range(reads):
+        began = time.perf_counter()
+        answer = tuple(client.query(sql, parameters=parameters).result_rows[0])
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1000, answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="100000,1000000,3000000", help="comma list, rising")
+    parser.add_argument("--reads", type=int, default=5, help="reads timed per step (median)")
+    args = parser.parse_args()
+    steps = [int(n) for n in args.rows.split(",")]
+    end = MONTH + timedelta(days=31)
+    budgets = [
+        queries.SpendFilter(start=MONTH, end=end),
+        queries.SpendFilter(start=MONTH, end=end, virtual_key_id="vk_3"),
+    ]
+    daily = queries.spend("org_bench", budgets)
+    final_parameters = {"org": "org_bench", "s": MONTH, "e": end, "v": "vk_3"}
+    with tempfile.TemporaryDirectory() as directory:
+        location = LedgerLocation(kind="chdb", path=Path(directory) / "ledger")
+        upgrade(location)
+        client = connect(location)
+        try:
+            print(
+                f"{'ledger rows':>11}  {'daily rows':>10}  {'daily sums ms':>13}  {'FINAL ms':>8}"
+            )
+            held = 0
+            for rows in steps:
+                if rows > held:
+                    fill(client, held, rows - held)
+                    held = rows
+                kept = client.query("SELECT count() FROM ledger_spend_daily").result_rows[0][0]
+                daily_ms, from_daily = timed(client, daily.sql, daily.parameters, args.reads)
+                final_ms, from_rows = timed(client, FINAL_READ, final_parameters, args.reads)
+                if from_daily != from_rows:
+                    raise SystemExit(f"the reads disagree: {from_daily} != {from_rows}")
+                print(f"{rows:>11,}  {kept:>10,}  {daily_ms:>13.1f}  {final_ms:>8.1f}")
+        finally:
+            client.close()
+
+
+if __name__ == "__main__":
+    main()
