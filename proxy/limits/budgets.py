@@ -48,11 +48,11 @@ END_USER_SPEND_TTL_S = 60.0
 KEPT_BUCKETS = 100_000
 """Budget buckets kept for reuse (one per rule and window) before they are all dropped."""
 UNWRITTEN_MAX = 100_000
+"""Settlements remembered for outcomes the spool holds in memory (as many as it holds)."""
 LEDGERED_CHUNK = 256
 """Settled amounts handed to the counters per call once the ledger has them, the event loop
 free between calls: a full segment's 2,400 in one call held it for 5-12 ms (a Redis script, the
 Redis server likewise)."""
-"""Settlements remembered for outcomes the spool holds in memory (as many as it holds)."""
 
 
 @dataclass(frozen=True, slots=True)

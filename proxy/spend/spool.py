@@ -107,7 +107,7 @@ MIB = 1024**2
 DEFAULT_MAX_BYTES = GIB
 DEFAULT_SEGMENT_MAX_BYTES = 2 * MIB
 """About 4,800 records. The control plane's cost of a segment is mostly per statement, not per
-record: a quarter as many segments cut its CPU per request by some 40 % (bench/README.md).
+record: a quarter as many segments cut its CPU per request by 45 % (bench/README.md).
 Shipped gzipped (about 300 KiB) to a control plane that takes it, a segment stays under the
 1 MiB a reverse proxy in front of it allows by default (nginx's `client_max_body_size`); the
 control plane itself takes segments up to 128 MiB (`SPEND_SEGMENT_MAX_BYTES`)."""
