@@ -35,6 +35,7 @@ from proxy.limits.store import Counters
 from proxy.providers import HttpClient, Timeouts, registry
 from proxy.settings import ProxySettings
 from proxy.spend.drainer import SpoolDrainer
+from proxy.spend.estimate import tokenizer_name
 from proxy.spend.spool import SpendSpool, SpoolError
 from proxy.telemetry.listener import MetricsListenerError, start_listener
 from proxy.telemetry.metrics import ProxyMetrics
@@ -203,6 +204,9 @@ async def _start(
     drained its requests by then, so the spool is sealed and shipped (within the grace) while
     the control-plane client is still open, and the spool closes last."""
     settings, clock = running.settings, running.clock
+    # The tokenizer that estimates usage a provider did not report takes about 0.3 s to load:
+    # in a thread while the rest starts, not on the event loop at the first such answer.
+    tokenizer = asyncio.ensure_future(asyncio.to_thread(tokenizer_name))
     # First of all: a proxy that cannot record spend must not serve. Recovery reads back what
     # a previous process left, off the event loop.
     spool = running.spool = await asyncio.to_thread(_open_spool, settings, clock)
@@ -282,6 +286,7 @@ async def _start(
     # Stopped without a signal (the server ending on its own, tests): said all the same.
     stack.callback(running.stop_signalled, "lifespan_shutdown")
     stack.callback(setattr, running, "started", False)
+    await tokenizer
     running.started = True
     if running.freeze_heap:
         # What start-up built lives as long as the process: out of the collector's sight, a
