@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,9 +19,10 @@ from proxy.limits.cost import rates_of
 from proxy.limits.rates import RatePlan, plan_of
 from proxy.providers import Provider, ProviderMisconfigured, Upstream
 from vkgate.clock import unix_seconds
-from vkgate.wire import BudgetState, ConfigBundle, Limits
+from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits
 
 log = logging.getLogger("vkgate.proxy")
+_BREAKS = re.compile(r"[\r\n\x00]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,15 @@ class KeyRuntime:
     """Every budget the key's requests may fall under."""
 
 
+def _unsendable(target: ChainTarget) -> str | None:
+    """Which part of a credential cannot go in an HTTP header (a CR, LF or NUL), or None."""
+    if target.api_key and _BREAKS.search(target.api_key):
+        return "api_key"
+    if any(_BREAKS.search(name) or _BREAKS.search(value) for name, value in target.headers.items()):
+        return "headers"
+    return None
+
+
 def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> KeyRuntime:
     allowed = set(bundle.allowed_models) if bundle.allowed_models is not None else None
     chains: dict[str, tuple[Upstream, ...]] = {}
@@ -64,6 +75,13 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
                     "provider kind %s of provider %s is not supported here; skipped",
                     target.kind,
                     target.provider_id,
+                )
+                continue
+            if (part := _unsendable(target)) is not None:
+                # Every call would fail (the head would end early): left out, not counted
+                # against the provider's breaker call after call.
+                log.warning(
+                    "provider %s skipped: its %s holds a line break", target.provider_id, part
                 )
                 continue
             try:

@@ -179,6 +179,28 @@ async def test_headers_are_stored_but_only_their_names_are_shown(
     assert open_api_key(cipher, row) == CREDENTIAL
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"api_key": CREDENTIAL + "\n"}, "api_key"),
+        ({"api_key": "sk-a\r\nX-Injected: 1"}, "api_key"),
+        ({"headers": {"X-Tenant": HEADER_VALUE + "\r\n"}}, "headers.X-Tenant"),
+        ({"headers": {"X-Tenant": "a\x00b"}}, "headers.X-Tenant"),
+    ],
+    ids=["trailing-newline", "crlf", "header-crlf", "header-nul"],
+)
+async def test_a_credential_that_cannot_go_in_a_header_is_refused_unechoed(
+    client: Client, world: World, fields: dict[str, Any], param: str
+) -> None:
+    created = await client.post(PROVIDERS, json=provider_body(world.org, **fields), headers=ADMIN)
+    error = error_of(created, 422, "validation_error", param=param)
+    assert "line break" in error["message"]
+    patched = await client.patch(f"{PROVIDERS}/{world.provider}", json=fields, headers=ADMIN)
+    error_of(patched, 422, "validation_error", param=param)
+    for response in (created, patched):
+        assert CREDENTIAL not in response.text and HEADER_VALUE not in response.text
+
+
 async def test_price_overrides_round_trip_omitting_absent_cache_prices(
     client: Client, world: World
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ DEFAULT_BASE_URLS = {
 }
 NEEDS_BASE_URL = {ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
 NEEDS_API_KEY = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.ANTHROPIC}
+_BREAKS = re.compile(r"[\r\n\x00]")
 
 
 def _check_kind_rules(
@@ -49,6 +51,24 @@ def _check_kind_rules(
         raise invalid("provider kind azure_openai needs api_version", param="api_version")
     url = base_url or DEFAULT_BASE_URLS.get(kind)
     return url.rstrip("/") if url else None
+
+
+def _check_sendable(api_key: object, headers: object) -> None:
+    """Refuse a credential that cannot go in an HTTP header: a line break or NUL would end the
+    header early, so every call with it would fail. Nothing of the value is echoed."""
+    if isinstance(api_key, str) and _BREAKS.search(api_key):
+        raise invalid(
+            "api_key must not contain a line break (CR, LF) or NUL: was it pasted with its "
+            "trailing newline?",
+            param="api_key",
+        )
+    if isinstance(headers, dict):
+        for name, value in headers.items():
+            if _BREAKS.search(value):
+                raise invalid(
+                    f"the value of header {name!r} must not contain a line break (CR, LF) or NUL",
+                    param=f"headers.{name}",
+                )
 
 
 def _check_no_userinfo(base_url: str | None) -> None:
@@ -112,6 +132,7 @@ async def _check_name_free(
 async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
     await tx.get(Organization, data.organization_id, "organization", param="organization_id")
     _check_no_userinfo(data.base_url)
+    _check_sendable(data.api_key, data.headers)
     base_url = _check_kind_rules(
         data.kind,
         base_url=data.base_url,
@@ -146,6 +167,7 @@ async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate)
     row = await tx.get(Provider, provider_id, "provider")
     if nothing_given(data):
         return row
+    _check_sendable(data.api_key, data.headers)
     kind = ProviderKind(row.kind)
     changed: list[str] = []
     if data.name is not msgspec.UNSET and data.name != row.name:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import UTC, datetime
+from typing import Any
 
+import msgspec
 import pytest
 
 from proxy.providers.mock import MockProvider
@@ -175,3 +177,16 @@ def test_a_key_without_expiry_has_none(providers: dict[str, MockProvider]) -> No
 )
 def test_unix_seconds_reads_rfc3339(value: str | None, expected: float | None) -> None:
     assert unix_seconds(value) == expected
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [{"api_key": "sk-a\n"}, {"headers": {"X-Tenant": "a\r\nX-Injected: 1"}}],
+    ids=["api-key", "header"],
+)
+def test_a_credential_that_cannot_go_in_a_header_is_left_out_of_its_chain(
+    providers: dict[str, MockProvider], credential: dict[str, Any]
+) -> None:
+    broken = msgspec.structs.replace(target("first", "mock-small"), **credential)
+    runtime = compile_bundle(bundle({"fast": [broken, target("second", "mock-tiny")]}), providers)
+    assert [u.provider_name for u in runtime.chains["fast"]] == ["second"]
