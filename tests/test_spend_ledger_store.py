@@ -162,7 +162,7 @@ def _priced(org: str, day: datetime, cost: int, **fields: str) -> PricedEntry:
     return PricedEntry(entry, Price(cost, "test", "v1"))
 
 
-async def test_budgets_count_what_the_ledger_held_before_its_daily_sums_and_since(
+async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
     fresh_database: LedgerLocation, tmp_path: Path
 ) -> None:
     (tmp_path / "0001").mkdir()
@@ -170,13 +170,24 @@ async def test_budgets_count_what_the_ledger_held_before_its_daily_sums_and_sinc
     migrate.upgrade(fresh_database, tmp_path / "0001")
     ledger = Ledger(fresh_database)
     org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+
+    def summed_daily() -> int:
+        client = connect(fresh_database)
+        try:
+            query = "SELECT sum(cost_nano_usd) FROM ledger_spend_daily WHERE organization_id = {o:String}"
+            return int(client.query(query, parameters={"o": org}).result_rows[0][0])
+        finally:
+            client.close()
+
     try:
         held = [_priced(org, day, 700, virtual_key_id="vk_a") for _ in range(2)]
         await ledger.write([*held, _priced(org, day, 0)], [], AT)
-        # The daily sums start; what the ledger held is summed once.
         assert migrate.upgrade(fresh_database) == ["0002_spend_daily.sql"]
-        # Ingested since, as the control plane stamps it: after the sums began.
-        since = datetime.now(UTC) + timedelta(seconds=2)
+        # Ingested after the view was made but stamped before `since` (an insert that was
+        # under way): the ledger's part counts it, the sums do not.
+        await ledger.write([_priced(org, day, 3, virtual_key_id="vk_a")], [], datetime.now(UTC))
+        # Ingested from `since` on (a minute after the migration): the daily sums count it.
+        since = datetime.now(UTC) + timedelta(seconds=61)
         await ledger.write([_priced(org, day, 50, virtual_key_id="vk_b")], [], since)
         await ledger.write([_priced(org, day + timedelta(days=1), 9)], [], since)
         await ledger.write(held, [], since)  # shipped again: the ledger knows them
@@ -186,7 +197,8 @@ async def test_budgets_count_what_the_ledger_held_before_its_daily_sums_and_sinc
             SpendFilter(start=day + timedelta(days=1), end=day + timedelta(days=2)),
             SpendFilter(),
         ]
-        assert await ledger.spend(org, windows) == [1450, 1400, 9, 1459]
+        assert await ledger.spend(org, windows) == [1453, 1403, 9, 1462]
+        assert summed_daily() == 59
 
         # The file run again, as after a failure half-way: nothing is counted twice.
         client = connect(fresh_database)
@@ -195,7 +207,7 @@ async def test_budgets_count_what_the_ledger_held_before_its_daily_sums_and_sinc
                 client.command(statement)
         finally:
             client.close()
-        assert await ledger.spend(org, windows) == [1450, 1400, 9, 1459]
+        assert await ledger.spend(org, windows) == [1453, 1403, 9, 1462]
     finally:
         await ledger.close()
 

@@ -5,8 +5,8 @@ value is a bound `{name:Type}` parameter, hence the `noqa: S608`s.
 
 Every read of `ledger_rows` and `ledger_admits` uses FINAL, so a duplicate row that a race let
 in (and that the ReplacingMergeTree has not merged away yet) is never counted twice. Budgets
-read the daily sums instead (`spend`), which count such a row twice: see
-migrations/clickhouse/0002_spend_daily.sql.
+read daily sums instead (`spend`), which count such a row twice, more than was spent and never
+less: see migrations/clickhouse/0002_spend_daily.sql.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from controlplane.ledger.rows import LEDGER_COLUMNS, TOKEN_COLUMNS
 
 TIME = "DateTime64(6, 'UTC')"
 DAILY_TABLE = "ledger_spend_daily"
-DAILY_BEFORE_TABLE = "ledger_spend_daily_before"
+DAILY_SINCE_TABLE = "ledger_spend_daily_since"
+SINCE = f"(SELECT min(since) FROM {DAILY_SINCE_TABLE})"  # noqa: S608
+"""When the daily sums began: rows ingested before are read from the ledger itself."""
 SCOPE_COLUMNS = ("team_id", "project_id", "virtual_key_id", "end_user", "provider_id")
 """What a budget's scope can name: '' for none in the daily sums."""
 
@@ -113,9 +115,11 @@ def stored_ids(
 def spend(organization_id: str, filters: Sequence[SpendFilter]) -> Query:
     """One sum of cost_nano_usd per filter, in one pass over the organization's daily sums.
 
-    Budgets' windows are whole UTC days, so the daily sums (`ledger_spend_daily`, and
-    `..._before` for what the ledger held before they were kept) give their spend exactly
-    without reading a ledger row. A window that does not start or end at midnight is refused.
+    Budgets' windows are whole UTC days, so the daily sums (`ledger_spend_daily`) give their
+    spend without reading the rows they sum. They hold what was ingested from `since` on (see
+    migrations/clickhouse/0002_spend_daily.sql); what came before is read from the ledger
+    itself, a part that ends a day after `since` and so stops growing. A window that does not
+    start or end at midnight is refused.
     """
     parameters: dict[str, Any] = {"org": organization_id}
     sums = []
@@ -133,16 +137,21 @@ def spend(organization_id: str, filters: Sequence[SpendFilter]) -> Query:
                 parameters[f"{column}{i}"] = value
                 conditions.append(f"{column} = {{{column}{i}:String}}")
         sums.append(f"sumIf(cost_nano_usd, {' AND '.join(conditions) or '1'})")
-    where = "organization_id = {org:String}"
+    daily = rows = "organization_id = {org:String}"
     starts = [f.start for f in filters]
     if starts and all(s is not None for s in starts):
-        parameters["lo"] = min(_day(s) for s in starts if s is not None)
-        where += " AND day >= {lo:Date}"
-    columns = ", ".join(("cost_nano_usd", *SCOPE_COLUMNS, "day"))
+        earliest = min(s for s in starts if s is not None)
+        parameters["lo"], parameters["lo_at"] = _day(earliest), earliest
+        daily += " AND day >= {lo:Date}"
+        rows += f" AND at >= {{lo_at:{TIME}}}"
+    rows += f" AND at < {SINCE} + toIntervalDay(1) AND ingested_at < {SINCE}"
+    scopes = ", ".join(f"ifNull({c}, '') AS {c}" for c in SCOPE_COLUMNS)
     sql = (
         f"SELECT {', '.join(sums)} FROM ("  # noqa: S608
-        f"SELECT {columns} FROM {DAILY_TABLE} WHERE {where} UNION ALL "
-        f"SELECT {columns} FROM {DAILY_BEFORE_TABLE} FINAL WHERE {where})"
+        f"SELECT cost_nano_usd, {', '.join(SCOPE_COLUMNS)}, day FROM {DAILY_TABLE} "
+        f"WHERE {daily} UNION ALL "
+        f"SELECT cost_nano_usd, {scopes}, toDate(at, 'UTC') AS day FROM ledger_rows FINAL "
+        f"WHERE {rows})"
     )
     return Query(sql, parameters)
 

@@ -45,6 +45,7 @@ def embedded_ledger(directory: Path) -> Iterator[LedgerLocation]:
     location = LedgerLocation(kind="chdb", path=directory)
     upgrade(location)
     keeper = connect(location)
+    summed_from_the_start(keeper)
     try:
         yield location
     finally:
@@ -71,6 +72,11 @@ def server_ledger() -> Iterator[LedgerLocation | None]:
         password=base.password,
     )
     upgrade(location)
+    client = connect(location)
+    try:
+        summed_from_the_start(client)
+    finally:
+        client.close()
     try:
         yield location
     finally:
@@ -79,6 +85,13 @@ def server_ledger() -> Iterator[LedgerLocation | None]:
             admin.command(f"DROP DATABASE IF EXISTS {name}")
         finally:
             admin.close()
+
+
+def summed_from_the_start(client: Any) -> None:
+    """Budgets' daily sums as in a ledger migrated long ago: every row the tests write reaches
+    them (a migration that just ran sends a minute of rows to the ledger's own part)."""
+    client.command("TRUNCATE TABLE ledger_spend_daily_since")
+    client.command("INSERT INTO ledger_spend_daily_since VALUES ('2000-01-01 00:00:00')")
 
 
 def record(
