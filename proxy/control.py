@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from dataclasses import dataclass
 from typing import TypeVar
@@ -35,12 +36,14 @@ class Unreachable(Exception):
 
 
 class Refused(Exception):
-    """The control plane answered that the key cannot be used (401, 403 or 404)."""
+    """The control plane answered that the key cannot be used (401, 403 or 404), or that it will
+    never take a spend segment (`takes_gzip`: its answer said it reads gzip segments)."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, takes_gzip: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.takes_gzip = takes_gzip
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,8 @@ class ControlPlaneClient:
         self._clock = clock
         self.gzip_segments = False
         """Whether the control plane's last successful answer said it takes gzip segments."""
+        self._heard = False
+        """Whether any answer came yet (so `gzip_segments` says what the control plane said)."""
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=timeout_s,
@@ -130,6 +135,7 @@ class ControlPlaneClient:
         if response.status_code < 400:
             # Errors are left out: one may come from a reverse proxy in front, not from it.
             self.gzip_segments = _takes_gzip(response.headers.get("accept-encoding"))
+            self._heard = True
         return response
 
     async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
@@ -184,17 +190,27 @@ class ControlPlaneClient:
     async def ship_spend(self, segment: bytes) -> SpendAck:
         """Hand one spool segment (a `SpendSegment` as JSON) to the ledger.
 
-        `Refused` when the control plane will never take this segment (400, 413, 422): sending
-        it again cannot help. `Unreachable` for anything else, a refused signature included:
-        the segment is fine and is sent again later.
+        Gzipped (in a thread) once the control plane's answers say it takes that; before the
+        first shipment, when nothing has answered yet, it is asked.
+
+        `Refused` when the control plane will never take this segment (400, 422, or a 413 for
+        a gzip body): sending it again cannot help. `Unreachable` for anything else, a refused
+        signature included: the segment is fine and is sent again later. So is a segment
+        refused as too large as it is (a reverse proxy's body limit in front of a control plane
+        that does not take gzip): it goes once the limit is raised or gzip is taken.
         """
+        if not self._heard:
+            with contextlib.suppress(Unreachable):
+                await self._send("GET", "/health")
         if self.gzip_segments:
             packed = await asyncio.to_thread(gzip.compress, segment, GZIP_LEVEL, mtime=0)
             try:
                 return await self._ship(packed, SEGMENT_ENCODING)
-            except Refused:
-                # Perhaps a control plane that cannot read gzip after all (an older replica
-                # behind the same address): this segment, and the next, go as they are.
+            except Refused as refusal:
+                if refusal.takes_gzip:
+                    raise  # read, and refused for what it holds
+                # Not read: a control plane that cannot take gzip after all (an older replica
+                # behind the same address). Sent again as it is.
                 self.gzip_segments = False
         return await self._ship(segment, None)
 
@@ -205,18 +221,27 @@ class ControlPlaneClient:
             "POST", SPEND_COMMANDS_PATH, body, headers, timeout_s=SHIP_TIMEOUT_S
         )
         status = response.status_code
+        if status == 413 and encoding is None:
+            raise Unreachable(
+                f"a spend segment of {len(body)} bytes was refused as too large: raise the body "
+                "limit in front of the control plane, or run one that takes gzip segments"
+            )
         if status in _SEGMENT_REFUSED:
-            raise Refused(_SEGMENT_REFUSED[status], _error_message(response))
+            takes_gzip = _takes_gzip(response.headers.get("accept-encoding"))
+            raise Refused(_SEGMENT_REFUSED[status], _error_message(response), takes_gzip=takes_gzip)
         if status >= 300:
             raise Unreachable(f"control plane answered {status} to a spend segment")
         return _decode(response, SpendAck)
 
 
 def _takes_gzip(accept_encoding: str | None) -> bool:
-    if not accept_encoding:
-        return False
-    codings = (part.partition(";")[0].strip().lower() for part in accept_encoding.split(","))
-    return SEGMENT_ENCODING in codings
+    """Whether an `Accept-Encoding` list names gzip with a weight above 0."""
+    for part in (accept_encoding or "").split(","):
+        coding, _, weight = part.partition(";")
+        if coding.strip().lower() == SEGMENT_ENCODING:
+            q = weight.strip().lower().removeprefix("q=")
+            return not q or q.strip("0.") != ""
+    return False
 
 
 def _decode(response: httpx.Response, kind: type[T]) -> T:

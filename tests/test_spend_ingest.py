@@ -385,14 +385,18 @@ async def test_a_gzip_segment_is_the_same_segment(
         ("gzip", b'{"replica_id": "r"}', "not valid gzip"),
         ("gzip", gzip.compress(b'{"segment_id": "s"}', mtime=0)[:-6], "truncated"),
         ("gzip", gzip.compress(b"{}", mtime=0) + b"more", "trailing bytes"),
+        ("", b"not json", "not JSON"),
     ],
-    ids=["brotli", "not-gzip", "truncated", "trailing-bytes"],
+    ids=["brotli", "not-gzip", "truncated", "trailing-bytes", "empty-coding"],
 )
 async def test_a_body_in_another_coding_or_broken_gzip_is_refused(
     client: Client, clock: ManualClock, encoding: str, body: bytes, message: str
 ) -> None:
-    error = error_of(await ship(client, clock, body, encoding=encoding), 400, "invalid_request")
+    response = await ship(client, clock, body, encoding=encoding)
+    error = error_of(response, 400, "invalid_request")
     assert message in error["message"]
+    # Said on a refusal too: the proxy knows the body was read, and does not send it again.
+    assert response.headers["accept-encoding"] == "gzip"
 
 
 async def test_a_gzip_body_inflating_past_the_limit_is_refused_unwritten(

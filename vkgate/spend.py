@@ -18,10 +18,11 @@ import msgspec
 SPEND_COMMANDS_PATH = "/spend-commands"
 SEGMENT_ENCODING = "gzip"
 """The one content coding a segment may be shipped in (`Content-Encoding: gzip`), besides none.
-The control plane names it in an `Accept-Encoding` header on its internal API's answers (as RFC
-7694 lets a server say which codings it takes in requests); a proxy compresses only after it
-has seen that, so a control plane that predates compression is never sent a body it cannot
-read."""
+The control plane names it in an `Accept-Encoding` header on its internal API's answers, its
+refusals of a segment included (as RFC 7694 lets a server say which codings it takes in
+requests). A proxy compresses only once an answer said so; a gzip segment refused by an
+answer that does not say so (an older replica behind the same address) is sent again as it
+is."""
 BUDGET_BUCKET_SPEND_PATH = "/budget-bucket-spend"
 
 

@@ -189,8 +189,8 @@ internal_router = Router(
         budget_bucket_spend,
     ],
     guards=[require_signature],
-    # Spend segments may come gzipped (vkgate.spend.SEGMENT_ENCODING): said on every answer, so
-    # a proxy knows before its first shipment (its change feed asks `health` at start).
+    # Spend segments may come gzipped (vkgate.spend.SEGMENT_ENCODING): said on every answer (a
+    # proxy asks `health` before its first shipment if nothing answered it yet).
     response_headers=[ResponseHeader(name="Accept-Encoding", value=SEGMENT_ENCODING)],
     include_in_schema=False,
 )

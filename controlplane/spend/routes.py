@@ -19,7 +19,13 @@ from controlplane.openapi import CsvAlternative
 from controlplane.schemas import Vk
 from controlplane.spend import reports, segments, service
 from vkgate.logs import event
-from vkgate.spend import BUDGET_BUCKET_SPEND_PATH, SPEND_COMMANDS_PATH, BudgetBucketSpend, SpendAck
+from vkgate.spend import (
+    BUDGET_BUCKET_SPEND_PATH,
+    SEGMENT_ENCODING,
+    SPEND_COMMANDS_PATH,
+    BudgetBucketSpend,
+    SpendAck,
+)
 
 log = logging.getLogger("vkgate.controlplane.spend")
 
@@ -156,15 +162,13 @@ def _csv(body: bytes, name: str) -> Response[bytes]:
 async def spend_commands(vk: Vk, request: Request[Any, Any, Any]) -> SpendAck:
     """A spool segment into the ledger; the same segment twice changes nothing."""
     body = await request.body()
+    encoding = request.headers.get("content-encoding")
     try:
-        data = body
-        if (encoding := request.headers.get("content-encoding")) is not None:
-            # Off the event loop: a full segment inflates to megabytes.
-            data = await asyncio.to_thread(
-                segments.inflate, body, encoding, SPEND_SEGMENT_MAX_BYTES
-            )
-        checked = segments.check(segments.decode(data))
+        # Off the event loop: a full segment is thousands of records (and megabytes inflated).
+        checked = await asyncio.to_thread(_read_segment, body, encoding)
     except ApiError as exc:
+        # Said on a refusal too: a proxy that sent gzip then knows the body was read.
+        exc.headers = {**exc.headers, "Accept-Encoding": SEGMENT_ENCODING}
         vk.metrics.spend_segments.labels("rejected").inc()
         # The proxy sets a refused segment aside (its `rejected/` directory): its spend is
         # missing from the ledger until someone looks, so this is a warning.
@@ -189,6 +193,12 @@ async def spend_commands(vk: Vk, request: Request[Any, Any, Any]) -> SpendAck:
     vk.metrics.spend_segments.labels("accepted" if fresh else "duplicate").inc()
     vk.metrics.spend_records.inc(ack.accepted)
     return ack
+
+
+def _read_segment(body: bytes, encoding: str | None) -> segments.CheckedSegment:
+    return segments.check(
+        segments.decode(segments.inflate(body, encoding, SPEND_SEGMENT_MAX_BYTES))
+    )
 
 
 @get(BUDGET_BUCKET_SPEND_PATH)

@@ -48,8 +48,8 @@ def inflate(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     At most `max_bytes` are inflated (413 past that: a small body must not expand into
     gigabytes); a body that is not whole gzip is a 400.
     """
-    coding = (encoding or "identity").strip().lower()
-    if coding == "identity":
+    coding = (encoding or "").strip().lower()
+    if coding in ("", "identity"):
         return body
     if coding != SEGMENT_ENCODING:
         raise ApiError(

@@ -448,16 +448,19 @@ class BudgetGuard:
         self._unwritten = waiting
 
     async def _ledgered(self, entries: list[tuple[str, str]]) -> None:
+        moved = 0
         try:
             for start in range(0, len(entries), LEDGERED_CHUNK):
                 if start:
                     await asyncio.sleep(0)  # requests waiting go first
                 chunk = entries[start : start + LEDGERED_CHUNK]
                 await self._counters.ledgered(chunk, self._clock.now().timestamp())
+                moved += len(chunk)
         except Exception:
             # They lapse after HOLD_S: counted twice until then, which only errs on the safe side.
             log.exception(
-                "could not move %d settled amounts into their budgets' base", len(entries)
+                "could not move %d settled amounts into their budgets' base",
+                len(entries) - moved,
             )
 
     async def _end_user_ledger(

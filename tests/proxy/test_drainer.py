@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import re
 import threading
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from tests.support.env import INTERNAL_SECRET
 from vkgate import signing
 from vkgate.errors import ErrorCode
 from vkgate.spend import SPEND_COMMANDS_PATH, SpendAck, SpendSegment
-from vkgate.wire import INTERNAL_PREFIX
+from vkgate.wire import INTERNAL_PREFIX, HealthResponse
 
 DOWN = Unreachable("control plane answered 503")
 
@@ -339,6 +340,13 @@ def gzip_control_plane(
     received: list[tuple[str | None, SpendSegment]] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == INTERNAL_PREFIX + "/health":
+            health = HealthResponse(
+                status="ok", revision=1, time="2026-03-10T12:00:00Z", version="t"
+            )
+            return httpx.Response(
+                200, content=msgspec.json.encode(health), headers={"Accept-Encoding": "gzip"}
+            )
         if (refusal := _unsigned_or_elsewhere(request, clock)) is not None:
             return refusal
         encoding = request.headers.get("content-encoding")
@@ -400,7 +408,6 @@ class TestShipSpend:
         ("status", "code"),
         [
             (400, ErrorCode.INVALID_REQUEST),
-            (413, ErrorCode.PAYLOAD_TOO_LARGE),
             (422, ErrorCode.VALIDATION_ERROR),
         ],
     )
@@ -424,16 +431,16 @@ class TestShipSpend:
             await control.ship_spend(b"{}")
         await control.close()
 
-    async def test_segments_go_gzipped_once_the_control_plane_says_it_takes_them(
+    async def test_segments_go_gzipped_to_a_control_plane_that_says_it_takes_them(
         self, spool: SpendSpool, clock: SteppedClock
     ) -> None:
         transport, received = gzip_control_plane(clock, reads_gzip=True)
         control = client(clock, transport)
         ids = segments_of(spool, 3, 2)
         await SpoolDrainer(spool, control.ship_spend, clock).ship_ready()
-        # The first answer is the first word of it: what followed went compressed.
+        # Nothing had answered before the first shipment: the control plane was asked first.
         assert [(encoding, s.segment_id) for encoding, s in received] == [
-            (None, ids[0]),
+            ("gzip", ids[0]),
             ("gzip", ids[1]),
         ]
         assert [len(s.records) for _, s in received] == [3, 2]
@@ -452,6 +459,37 @@ class TestShipSpend:
         await SpoolDrainer(spool, control.ship_spend, clock).ship_ready()
         assert [(encoding, s.segment_id) for encoding, s in received] == [(None, segment_id)]
         assert spool.pending_segments() == []
+        await control.close()
+        spool.close()
+
+    async def test_a_gzip_segment_refused_by_a_reader_of_gzip_is_not_sent_again(
+        self, clock: SteppedClock
+    ) -> None:
+        sent: list[str | None] = []
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            if request.method == "POST":
+                sent.append(request.headers.get("content-encoding"))
+            error = {"error": {"code": "validation_error", "message": "records[0].at"}}
+            return httpx.Response(422, json=error, headers={"Accept-Encoding": "gzip"})
+
+        control = client(clock, httpx.MockTransport(handle))
+        control.gzip_segments = True
+        with pytest.raises(Refused, match=re.escape("records[0].at")):
+            await control.ship_spend(b"{}")
+        assert sent == ["gzip"]
+        await control.close()
+
+    async def test_a_segment_too_large_as_it_is_waits_instead_of_being_set_aside(
+        self, spool: SpendSpool, clock: SteppedClock
+    ) -> None:
+        too_large = httpx.Response(413, text="<html>413 Request Entity Too Large</html>")
+        control = client(clock, fake_control_plane(clock, too_large)[0])
+        segments_of(spool, 2)
+        assert not await SpoolDrainer(spool, control.ship_spend, clock).ship_ready()
+        assert len(spool.pending_segments()) == 1
+        with pytest.raises(Unreachable, match="raise the body limit"):
+            await control.ship_spend(b"{}")
         await control.close()
         spool.close()
 
