@@ -78,10 +78,9 @@ class ControlPlaneClient:
     ) -> None:
         self._secret = secret
         self._clock = clock
-        self.gzip_segments = False
-        """Whether the control plane's last successful answer said it takes gzip segments."""
-        self._heard = False
-        """Whether any answer came yet (so `gzip_segments` says what the control plane said)."""
+        self.gzip_segments: bool | None = None
+        """Whether the control plane's last successful answer said it takes gzip segments; None
+        until one came."""
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=timeout_s,
@@ -135,7 +134,6 @@ class ControlPlaneClient:
         if response.status_code < 400:
             # Errors are left out: one may come from a reverse proxy in front, not from it.
             self.gzip_segments = _takes_gzip(response.headers.get("accept-encoding"))
-            self._heard = True
         return response
 
     async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
@@ -199,7 +197,7 @@ class ControlPlaneClient:
         refused as too large as it is (a reverse proxy's body limit in front of a control plane
         that does not take gzip): it goes once the limit is raised or gzip is taken.
         """
-        if not self._heard:
+        if self.gzip_segments is None:
             with contextlib.suppress(Unreachable):
                 await self._send("GET", "/health")
         if self.gzip_segments:
@@ -240,7 +238,10 @@ def _takes_gzip(accept_encoding: str | None) -> bool:
         coding, _, weight = part.partition(";")
         if coding.strip().lower() == SEGMENT_ENCODING:
             q = weight.strip().lower().removeprefix("q=")
-            return not q or q.strip("0.") != ""
+            try:
+                return not q or float(q) > 0
+            except ValueError:
+                return False
     return False
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,10 +18,9 @@ from proxy.limits.cost import rates_of
 from proxy.limits.rates import RatePlan, plan_of
 from proxy.providers import Provider, ProviderMisconfigured, Upstream
 from vkgate.clock import unix_seconds
-from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits
+from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, header_safe
 
 log = logging.getLogger("vkgate.proxy")
-_BREAKS = re.compile(r"[\r\n\x00]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +49,9 @@ class KeyRuntime:
 
 def _unsendable(target: ChainTarget) -> str | None:
     """Which part of a credential cannot go in an HTTP header (a CR, LF or NUL), or None."""
-    if target.api_key and _BREAKS.search(target.api_key):
+    if target.api_key and not header_safe(target.api_key):
         return "api_key"
-    if any(_BREAKS.search(name) or _BREAKS.search(value) for name, value in target.headers.items()):
+    if not all(header_safe(name) and header_safe(value) for name, value in target.headers.items()):
         return "headers"
     return None
 

@@ -6,6 +6,7 @@ only ever added with defaults, so an older proxy keeps decoding a newer control 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 import msgspec
@@ -67,6 +68,16 @@ class Price(msgspec.Struct, omit_defaults=True):
     output_per_mtok: str
     cache_read_per_mtok: str | None = None
     cache_write_per_mtok: str | None = None
+
+
+_LINE_BREAK = re.compile(r"[\r\n\x00]")
+
+
+def header_safe(value: str) -> bool:
+    """Whether `value` can go in an HTTP header as it is: no CR, LF or NUL, which would end the
+    header (or the head) early. The control plane refuses a credential that is not; a proxy
+    leaves one it was given anyway out of its chain."""
+    return _LINE_BREAK.search(value) is None
 
 
 class ChainTarget(msgspec.Struct):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +20,7 @@ from controlplane.providers.schemas import (
 from controlplane.schemas import nothing_given
 from controlplane.security import Cipher, new_id
 from controlplane.state import Tx
-from vkgate.wire import EventKind
+from vkgate.wire import EventKind, header_safe
 
 DEFAULT_BASE_URLS = {
     ProviderKind.OPENAI: "https://api.openai.com/v1",
@@ -29,7 +28,6 @@ DEFAULT_BASE_URLS = {
 }
 NEEDS_BASE_URL = {ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
 NEEDS_API_KEY = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.ANTHROPIC}
-_BREAKS = re.compile(r"[\r\n\x00]")
 
 
 def _check_kind_rules(
@@ -56,7 +54,7 @@ def _check_kind_rules(
 def _check_sendable(api_key: object, headers: object) -> None:
     """Refuse a credential that cannot go in an HTTP header: a line break or NUL would end the
     header early, so every call with it would fail. Nothing of the value is echoed."""
-    if isinstance(api_key, str) and _BREAKS.search(api_key):
+    if isinstance(api_key, str) and not header_safe(api_key):
         raise invalid(
             "api_key must not contain a line break (CR, LF) or NUL: was it pasted with its "
             "trailing newline?",
@@ -64,7 +62,7 @@ def _check_sendable(api_key: object, headers: object) -> None:
         )
     if isinstance(headers, dict):
         for name, value in headers.items():
-            if _BREAKS.search(value):
+            if not header_safe(value):
                 raise invalid(
                     f"the value of header {name!r} must not contain a line break (CR, LF) or NUL",
                     param=f"headers.{name}",

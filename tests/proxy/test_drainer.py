@@ -7,7 +7,6 @@ import asyncio
 import gzip
 import itertools
 import re
-import threading
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,6 @@ from litestar.testing import AsyncTestClient
 
 from proxy.app import create_app
 from proxy.control import ControlPlaneClient, Refused, Unreachable
-from proxy.spend import estimate
 from proxy.spend.drainer import Ship, SpoolDrainer
 from proxy.spend.spool import SpendSpool, SpoolError
 from tests.proxy.conftest import proxy_settings
@@ -547,27 +545,6 @@ async def test_the_proxy_recovers_at_start_and_ships_at_shutdown(
     shipped = [rec.request_id for segment in received for rec in segment.records]
     assert shipped == ["from-before", "during"]
     assert not [p for p in (spool_dir / "pod-a").iterdir() if p.suffix in (".seg", ".open")]
-
-
-async def test_the_tokenizer_is_loaded_before_the_proxy_is_ready(
-    tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    loaded_on: list[str] = []
-    load = estimate._cl100k
-
-    def spying() -> object:
-        loaded_on.append(threading.current_thread().name)
-        return load()
-
-    monkeypatch.setattr(estimate, "_cl100k", spying)
-    estimate._counter.cache_clear()
-    settings = proxy_settings(controlplane_url="http://cp.test", spool_dir=tmp_path / "spool")
-    app = create_app(settings, clock=clock, control_transport=fake_control_plane(clock)[0])
-    async with AsyncTestClient(app):
-        # Loaded once, off the event loop's thread; a first estimate then loads nothing.
-        assert len(loaded_on) == 1 and loaded_on[0] != threading.current_thread().name
-        assert estimate.estimate_tokens("hello there") > 0
-        assert len(loaded_on) == 1
 
 
 async def test_the_proxy_refuses_to_start_on_a_spool_it_cannot_use(

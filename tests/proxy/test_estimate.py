@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import threading
+from pathlib import Path
 
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from proxy.app import create_app
 from proxy.spend import estimate
 from proxy.spend.estimate import EXACT_CHARS, approximate_tokens, estimate_tokens, tokenizer_name
+from tests.proxy.conftest import proxy_settings
 
 SAMPLES = {
     "english": (
@@ -97,3 +104,24 @@ def test_a_tampered_encoding_file_is_not_used(
     monkeypatch.setattr(estimate, "_bundled_cl100k", lambda: fake)
     pytest.importorskip("tiktoken")
     assert estimate._cl100k() is None
+
+
+async def test_the_tokenizer_is_loaded_in_a_thread_before_the_proxy_is_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded_on: list[str] = []
+    load = estimate._cl100k
+
+    def spying() -> object:
+        loaded_on.append(threading.current_thread().name)
+        return load()
+
+    monkeypatch.setattr(estimate, "_cl100k", spying)
+    estimate._counter.cache_clear()
+    settings = proxy_settings(controlplane_url="http://cp.test", spool_dir=tmp_path / "spool")
+    away = httpx.MockTransport(lambda _: httpx.Response(503))  # no control plane: not needed
+    async with AsyncTestClient(create_app(settings, control_transport=away)):
+        # Loaded once, off the event loop's thread; a first estimate then loads nothing.
+        assert len(loaded_on) == 1 and loaded_on[0] != threading.current_thread().name
+        assert estimate_tokens("hello there") > 0
+        assert len(loaded_on) == 1
