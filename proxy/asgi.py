@@ -14,6 +14,15 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Watch = Callable[[Callable[[], None] | None], None]
+"""`watch(callback)`: have `callback()` called once if the client goes away before its answer
+is complete; `watch(None)`: stop."""
+
+ON_DISCONNECT = "vkgate.on_disconnect"
+"""The scope extension (`{"watch": Watch}`) of the proxy's own HTTP/1.1 protocol
+(`proxy.http1`): a stream learns that its client left from a callback, not from a task waiting
+on `receive` (a task and its cancellation per stream cost more than the rest of the pump).
+Under another server there is no such extension, and the task waits on `receive` instead."""
 
 JSON = b"application/json"
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -79,6 +88,13 @@ class Head:
         )
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self.end_user = end_user.decode("latin-1").strip() or None if end_user is not None else None
+
+
+def disconnect_watch(scope: Scope) -> Watch | None:
+    """The server's `ON_DISCONNECT` extension, if it has one."""
+    extensions = scope.get("extensions")
+    found = extensions.get(ON_DISCONNECT) if extensions else None
+    return found["watch"] if found else None
 
 
 def _bearer(value: bytes) -> str | None:

@@ -16,8 +16,9 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
-from proxy.asgi import JSON, Receive, Send, respond
+from proxy.asgi import JSON, Receive, Send, Watch, respond
 from proxy.breaker import Breakers, CircuitBreaker
 from proxy.errors import Cause, ProxyError
 from proxy.formats import Exchange, StreamPipe, stream_error
@@ -431,9 +432,11 @@ class Dispatcher:
         outcome: Outcome,
         extra: Sequence[tuple[bytes, bytes]] = (),
         trace: RequestSpan | None = None,
+        watch: Watch | None = None,
     ) -> None:
         """Answer the client from the first credential of `chain` that answers; `extra`
-        headers go on the answer (rate-limit state, budget warnings)."""
+        headers go on the answer (rate-limit state, budget warnings). A stream learns that its
+        client left from `watch` (the server's `ON_DISCONNECT`), or else from `receive`."""
         walk = _Walk(exchange, headers, self._breakers, recheck, outcome, trace)
         outcome.sent_at = self._now()
         committed = await walk.first_answer(chain)
@@ -443,7 +446,7 @@ class Dispatcher:
         fallbacks = len(outcome.causes)
         if committed.rest is not None:
             await self._stream(
-                exchange, committed, fallbacks, receive, send, request_id, outcome, extra
+                exchange, committed, fallbacks, (receive, watch), send, request_id, outcome, extra
             )
             return
         data = committed.data
@@ -465,7 +468,7 @@ class Dispatcher:
         exchange: Exchange,
         committed: _Committed,
         fallbacks: int,
-        receive: Receive,
+        client: tuple[Receive, Watch | None],
         send: Send,
         request_id: bytes,
         outcome: Outcome,
@@ -477,10 +480,15 @@ class Dispatcher:
         headers.append((b"cache-control", b"no-cache"))
         headers.extend(extra)
         # The stream is pumped in this task; a client that leaves meanwhile ends it from the
-        # watcher, which closes the provider's answer under the pump (a task and a wait per
-        # stream fewer than pumping in a task of its own).
-        watcher = asyncio.ensure_future(_left(receive, outcome, reply))
-        watcher.add_done_callback(_retrieved)
+        # server's callback (or a watcher task), which closes the provider's answer under the
+        # pump.
+        receive, watch = client
+        watcher: asyncio.Future[None] | None = None
+        if watch is not None:
+            watch(partial(_client_left, outcome, reply))
+        else:
+            watcher = asyncio.ensure_future(_left(receive, outcome, reply))
+            watcher.add_done_callback(_retrieved)
         try:
             await self._pump(exchange, committed, pipe, send, headers, outcome)
         except Exception as exc:
@@ -489,7 +497,10 @@ class Dispatcher:
                 outcome.cancelled = True
                 log.warning("stream ended early: %s", type(exc).__name__)
         finally:
-            watcher.cancel()
+            if watch is not None:
+                watch(None)
+            elif watcher is not None:
+                watcher.cancel()
             reply.close()
             outcome.usage, outcome.served_model = pipe.usage, pipe.model
 
@@ -554,5 +565,9 @@ async def _left(receive: Receive, outcome: Outcome, reply: Reply) -> None:
     closed under whoever reads it."""
     while (await receive())["type"] != "http.disconnect":
         pass
+    _client_left(outcome, reply)
+
+
+def _client_left(outcome: Outcome, reply: Reply) -> None:
     outcome.cancelled = True
     reply.close()

@@ -22,6 +22,7 @@ from proxy.asgi import (
     Receive,
     Scope,
     Send,
+    disconnect_watch,
     read_body,
     respond,
     respond_error,
@@ -361,6 +362,7 @@ class Gateway:
                 outcome,
                 extra,
                 trace,
+                disconnect_watch(scope),
             )
             status = outcome.status
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.asgi import ON_DISCONNECT
 from proxy.errors import ProxyError
 from proxy.settings import ClientLimits
 from vkgate.errors import ErrorCode
@@ -145,6 +146,9 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         """Bytes of a head that has not yet ended (request line and headers)."""
         self._seen_reading: object = None
         """What the previous sweep found this connection reading, if anything."""
+        self._on_lost: Callable[[], None] | None = None
+        """The callback of the request being answered, for when its client goes away."""
+        self._lost = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -153,7 +157,24 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadlines.forget(self)
+        self._lost = True
         super().connection_lost(exc)
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {ON_DISCONNECT: {"watch": self._watch}}
+
+    def _watch(self, callback: Callable[[], None] | None) -> None:
+        """`ON_DISCONNECT`: `callback()` once the connection is lost (at once if it already
+        is), until `_watch(None)`. One request is answered at a time on a connection (a
+        pipelined one waits its turn), so one callback is all it needs."""
+        if callback is not None and self._lost:
+            callback()
+            return
+        self._on_lost = callback
 
     def data_received(self, data: bytes) -> None:
         # As uvicorn's, with the parser's reason kept for the answer, and the head bounded.

@@ -7,8 +7,12 @@ import asyncio
 from typing import Any
 
 import httpx
+import uvicorn
+from uvicorn.server import ServerState
 
-from proxy.http1 import _OneWrite
+from proxy.asgi import ON_DISCONNECT, Scope, Watch
+from proxy.http1 import OneWriteHttpToolsProtocol, _OneWrite
+from proxy.main import HTTP_OPTIONS
 from tests.proxy.conftest import RunningProxy
 
 
@@ -84,6 +88,37 @@ async def test_the_rest_of_the_transport_is_the_real_ones() -> None:
     transport, _ = one_write()
     assert transport.get_extra_info("peername") == ("127.0.0.1", 1234)
     assert not transport.is_closing()
+
+
+async def test_a_request_hears_from_the_connection_that_its_client_left() -> None:
+    scopes: list[Scope] = []
+    answered = asyncio.Event()
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        scopes.append(scope)
+        await answered.wait()
+
+    config = uvicorn.Config(app, lifespan="off", **HTTP_OPTIONS)
+    connections = []
+    for _ in range(2):
+        connection = OneWriteHttpToolsProtocol(config, ServerState(), {})
+        connection.connection_made(Recorder())  # type: ignore[arg-type]
+        connection.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: a\r\n\r\n")
+        connections.append(connection)
+    await asyncio.sleep(0)  # the requests' tasks start
+    watches: list[Watch] = [scope["extensions"][ON_DISCONNECT]["watch"] for scope in scopes]
+    left: list[str] = []
+    watches[0](lambda: left.append("watched"))
+    watches[1](lambda: left.append("no longer watched"))
+    watches[1](None)
+    for connection in connections:
+        connection.connection_lost(None)
+    assert left == ["watched"]
+    # Watching a connection already lost hears of it at once.
+    watches[0](lambda: left.append("already gone"))
+    assert left == ["watched", "already gone"]
+    answered.set()
+    await asyncio.sleep(0)
 
 
 async def test_answers_over_one_connection_arrive_whole_and_in_order(
