@@ -9,13 +9,15 @@ import json
 import logging
 import select
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from vkgate.logs import FIELDS, FLUSH_BYTES, BufferedLines, JsonFormatter, event
+from vkgate.logs import FIELDS, FLUSH_BYTES, BufferedLines, JsonFormatter, TextFormatter, event
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,3 +141,75 @@ def test_the_timer_writes_request_lines_without_any_other_line() -> None:
         # Nothing else is logged: only the handler's own timer can write the line.
         assert stream.written.wait(10)
         assert stream.events() == ["request_completed"]
+
+
+class Keep(logging.Filter):
+    """Lets every record through: only its presence matters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter, TextFormatter])
+def test_an_event_written_without_a_record_is_the_line_the_record_makes(
+    formatter: type[JsonFormatter | TextFormatter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`event` formats straight into a handler that alone would write the line; a filter on
+    the way makes it go through `logging`. Both write the same line."""
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0429)
+    records: list[str] = []
+    make_record = logging.Logger.makeRecord
+
+    def counted(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        records.append(args[4])  # the message: here, the event's name
+        return make_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", counted)
+    fields = {"status": 200, "code": None, "route": 'chat "x"\nforged=1', "prompt": "secret"}
+    written = []
+    for filtered in (False, True):
+        name = f"t.same.{formatter.__name__}.{filtered}"
+        with handled(name, batched=name) as stream:
+            logger = logging.getLogger(name)
+            for handler in logger.handlers:
+                handler.setFormatter(formatter())
+            if filtered:
+                logger.addFilter(keep := Keep())
+            try:
+                event(logger, "request_completed", **fields)
+                event(logger, "spool_shipped", level=logging.WARNING, records=3)
+            finally:
+                if filtered:
+                    logger.removeFilter(keep)
+            written.append(stream.getvalue().replace(name, "t.same"))
+    assert records == ["request_completed", "spool_shipped"], "only the filtered ones"
+    assert written[0] == written[1]
+    assert len(written[0].splitlines()) == 2 and "secret" not in written[0]
+    assert "2023-11-14T22:13:20.042Z" in written[0]
+
+
+def test_an_event_reaches_every_handler_on_its_way() -> None:
+    captured: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            captured.append(record)
+
+    with handled("t.parent.child", batched="t.parent.child") as stream:
+        child = logging.getLogger("t.parent.child")
+        parent = logging.getLogger("t.parent")
+        child.propagate = True
+        parent.propagate = False
+        parent.addHandler(capture := Capture())
+        try:
+            event(child, "request_completed", status=200)
+            parent.disabled = True  # only the child's own flag matters
+            child.disabled = True
+            event(child, "request_completed", status=201)
+        finally:
+            parent.removeHandler(capture)
+            child.disabled = parent.disabled = False
+        handler = child.handlers[0]
+        handler.flush()
+    assert [r.vkgate_fields["status"] for r in captured] == [200]  # type: ignore[attr-defined]
+    assert stream.events() == ["request_completed"]
