@@ -93,6 +93,10 @@ def _cl100k() -> _Encoding | None:
     encoding: _Encoding = tiktoken.Encoding(
         "cl100k_base", pat_str=CL100K_PATTERN, mergeable_ranks=ranks, special_tokens={}
     )
+    # The encoder keeps its own copy of the ranks; the Python one is only for pickling it,
+    # which nothing here does. Let go of it, it is 13 MiB of every proxy's memory (measured:
+    # 56.5 -> 43.7 MiB, a process that loaded the encoding).
+    getattr(encoding, "__dict__", {}).pop("_mergeable_ranks", None)
     return encoding
 
 
