@@ -446,7 +446,7 @@ class Dispatcher:
         fallbacks = len(outcome.causes)
         if committed.rest is not None:
             await self._stream(
-                exchange, committed, fallbacks, (receive, watch), send, request_id, outcome, extra
+                exchange, committed, fallbacks, receive, watch, send, request_id, outcome, extra
             )
             return
         data = committed.data
@@ -468,7 +468,8 @@ class Dispatcher:
         exchange: Exchange,
         committed: _Committed,
         fallbacks: int,
-        client: tuple[Receive, Watch | None],
+        receive: Receive,
+        watch: Watch | None,
         send: Send,
         request_id: bytes,
         outcome: Outcome,
@@ -482,7 +483,6 @@ class Dispatcher:
         # The stream is pumped in this task; a client that leaves meanwhile ends it from the
         # server's callback (or a watcher task), which closes the provider's answer under the
         # pump.
-        receive, watch = client
         watcher: asyncio.Future[None] | None = None
         if watch is not None:
             watch(partial(_client_left, outcome, reply))
