@@ -25,7 +25,7 @@ from cachetools import LRUCache, TTLCache
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers import Provider
-from proxy.runtime import KeyRuntime, compile_bundle
+from proxy.runtime import KeyRuntime, RouteCache
 from vkgate.clock import Clock, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
@@ -79,27 +79,34 @@ class Entry:
 class _Entries(LRUCache[str, Entry]):
     """An LRU that keeps an index by virtual key id, so change events find entries quickly,
     and its entries apart, so change events can look through them all without marking each
-    one as just used (which reading the LRU itself does)."""
+    one as just used (which reading the LRU itself does).
+
+    The index holds tuples: a key id has one digest but during a rotation's grace, and a
+    one-item tuple costs a fifth of a set."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize)
-        self.by_vk: dict[str, set[str]] = {}
+        self.by_vk: dict[str, tuple[str, ...]] = {}
         self.unordered: dict[str, Entry] = {}
 
     def __setitem__(self, digest: str, entry: Entry) -> None:
         super().__setitem__(digest, entry)
-        self.by_vk.setdefault(entry.runtime.vk_id, set()).add(digest)
+        vk_id = entry.runtime.vk_id
+        digests = self.by_vk.get(vk_id, ())
+        if digest not in digests:
+            self.by_vk[vk_id] = (*digests, digest)
         self.unordered[digest] = entry
 
     def __delitem__(self, digest: str) -> None:
         entry = self[digest]
         super().__delitem__(digest)
         del self.unordered[digest]
-        digests = self.by_vk.get(entry.runtime.vk_id)
-        if digests is not None:
-            digests.discard(digest)
-            if not digests:
-                del self.by_vk[entry.runtime.vk_id]
+        vk_id = entry.runtime.vk_id
+        digests = tuple(d for d in self.by_vk.get(vk_id, ()) if d != digest)
+        if digests:
+            self.by_vk[vk_id] = digests
+        else:
+            self.by_vk.pop(vk_id, None)
 
     def clear(self) -> None:
         # cachetools empties its storage directly here, without deleting item by item.
@@ -123,7 +130,7 @@ class AuthCache:
         invalid_key_cache_size: int = UNKNOWN_KEYS_MAX,
     ) -> None:
         self._control = control
-        self._providers = providers
+        self._routes = RouteCache(providers)
         self._clock = clock
         self._entries = _Entries(maxsize)
         self._soft_bump_s = soft_bump_s
@@ -355,7 +362,7 @@ class AuthCache:
         entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
 
     def _compile(self, bundle: ConfigBundle) -> KeyRuntime:
-        runtime = compile_bundle(bundle, self._providers)
+        runtime = self._routes.compile(bundle)
         if self.on_compiled is not None:
             self.on_compiled(runtime)
         return runtime

@@ -1,17 +1,22 @@
 """A key's config bundle compiled into the immutable object requests are served from.
 
 Refresh builds a new `KeyRuntime` and swaps the reference, so a request never sees
-half-applied config.
+half-applied config. The part a key's routing policy decides (its chains and models list) is
+the same for every key of the policy: a `RouteCache` compiles it once and hands every such key
+the same objects, so a cached key costs about a kilobyte rather than several.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
+from cachetools import LRUCache
 
 from proxy.limits.budgets import BudgetRule, rules_of
 from proxy.limits.cost import rates_of
@@ -47,6 +52,47 @@ class KeyRuntime:
     """Every budget the key's requests may fall under."""
 
 
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """What a key's aliases and `allowed_models` compile to: shared by the keys that have the
+    same ones."""
+
+    chains: Mapping[str, tuple[Upstream, ...]]
+    not_allowed: frozenset[str]
+    models_body: bytes
+    provider_ids: frozenset[str]
+
+
+ROUTE_CACHE_SIZE = 1_024
+"""Distinct routes kept for sharing. One evicted is only compiled again for the next key that
+has it; the keys holding it keep it."""
+_encoder = msgspec.json.Encoder()
+
+
+class RouteCache:
+    """Compiled routes by a digest of everything they were compiled from (credentials,
+    prices and all), so a change to any of it compiles anew and nothing stale is shared."""
+
+    def __init__(self, providers: Mapping[str, Provider], maxsize: int = ROUTE_CACHE_SIZE) -> None:
+        self._providers = providers
+        self._routes: LRUCache[bytes, Routes] = LRUCache(maxsize)
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    def compile(self, bundle: ConfigBundle) -> KeyRuntime:
+        """`compile_bundle`, with routes shared with the keys compiled before."""
+        return runtime_of(bundle, self.routes(bundle))
+
+    def routes(self, bundle: ConfigBundle) -> Routes:
+        source = _encoder.encode((bundle.aliases, bundle.allowed_models))
+        digest = hashlib.sha256(source).digest()
+        routes = self._routes.get(digest)
+        if routes is None:
+            routes = self._routes[digest] = compile_routes(bundle, self._providers)
+        return routes
+
+
 def _unsendable(target: ChainTarget) -> str | None:
     """Which part of a credential cannot go in an HTTP header (a CR, LF or NUL), or None."""
     if target.api_key and not header_safe(target.api_key):
@@ -57,6 +103,30 @@ def _unsendable(target: ChainTarget) -> str | None:
 
 
 def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> KeyRuntime:
+    return runtime_of(bundle, compile_routes(bundle, providers))
+
+
+def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
+    return KeyRuntime(
+        vk_id=bundle.vk_id,
+        # Interned: thousands of cached keys of one organization keep one copy of each.
+        organization_id=sys.intern(bundle.organization_id),
+        project_id=sys.intern(bundle.project_id),
+        team_id=None if bundle.team_id is None else sys.intern(bundle.team_id),
+        revision=bundle.revision,
+        expires_at=unix_seconds(bundle.expires_at),
+        chains=routes.chains,
+        not_allowed=routes.not_allowed,
+        models_body=routes.models_body,
+        provider_ids=routes.provider_ids,
+        limits=bundle.limits,
+        budgets=tuple(bundle.budgets),
+        rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
+        budget_rules=rules_of(bundle.budgets),
+    )
+
+
+def compile_routes(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> Routes:
     allowed = set(bundle.allowed_models) if bundle.allowed_models is not None else None
     chains: dict[str, tuple[Upstream, ...]] = {}
     not_allowed: set[str] = set()
@@ -110,19 +180,9 @@ def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> K
             if chain
         ],
     }
-    return KeyRuntime(
-        vk_id=bundle.vk_id,
-        organization_id=bundle.organization_id,
-        project_id=bundle.project_id,
-        team_id=bundle.team_id,
-        revision=bundle.revision,
-        expires_at=unix_seconds(bundle.expires_at),
+    return Routes(
         chains=chains,
         not_allowed=frozenset(not_allowed),
         models_body=msgspec.json.encode(models),
         provider_ids=frozenset(t.provider_id for ts in bundle.aliases.values() for t in ts),
-        limits=bundle.limits,
-        budgets=tuple(bundle.budgets),
-        rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
-        budget_rules=rules_of(bundle.budgets),
     )

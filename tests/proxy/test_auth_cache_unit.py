@@ -817,7 +817,7 @@ async def test_the_least_recently_used_key_is_dropped_and_leaves_no_trace_in_the
         assert len(cache) == 2
         index = cache._entries.by_vk
         assert set(index) == {"vk_a", "vk_c"}
-        assert index["vk_a"] == {digest("vk-a")}
+        assert index["vk_a"] == (digest("vk-a"),)
 
         cache.apply(event(EventKind.VK_REVOKED, "vk_b", vk_id="vk_b"))  # gone already: no error
         cache.apply(event(EventKind.VK_REVOKED, "vk_a", vk_id="vk_a"))
@@ -830,6 +830,26 @@ async def test_the_least_recently_used_key_is_dropped_and_leaves_no_trace_in_the
         await cache.close()
 
 
+async def test_keys_of_one_policy_share_their_chains_until_one_changes(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.issue("vk-a", "vk_a")
+    control.issue("vk-b", "vk_b")
+    a = await cache.authenticate("vk-a")
+    b = await cache.authenticate("vk-b")
+    assert (a.vk_id, b.vk_id) == ("vk_a", "vk_b")
+    assert a.chains is b.chains
+
+    key = control.key("vk_b")
+    key.aliases = {"chat": [target("prov-a", "mock-large")]}
+    key.revision += 1
+    cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_b", vk_id="vk_b"))
+    await cache.settle()
+    b = await cache.authenticate("vk-b")
+    assert b.chains["chat"][0].model == "mock-large"
+    assert (await cache.authenticate("vk-a")).chains["chat"][0].model == "mock-small"
+
+
 async def test_the_index_holds_every_cached_key_of_a_virtual_key(
     cache: AuthCache, control: FakeControlPlane
 ) -> None:
@@ -837,7 +857,7 @@ async def test_the_index_holds_every_cached_key_of_a_virtual_key(
     control.issue("vk-new", "vk_1")
     await cache.authenticate("vk-old")
     await cache.authenticate("vk-new")
-    assert cache._entries.by_vk == {"vk_1": {digest("vk-old"), digest("vk-new")}}
+    assert cache._entries.by_vk == {"vk_1": (digest("vk-old"), digest("vk-new"))}
     cache.clear()
     assert cache._entries.by_vk == {}
 

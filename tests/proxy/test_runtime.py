@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from proxy.providers.mock import MockProvider
-from proxy.runtime import compile_bundle
+from proxy.runtime import RouteCache, compile_bundle
 from tests.support.clock import ManualClock
 from vkgate.clock import unix_seconds
 from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
@@ -190,3 +190,69 @@ def test_a_credential_that_cannot_go_in_a_header_is_left_out_of_its_chain(
     broken = msgspec.structs.replace(target("first", "mock-small"), **credential)
     runtime = compile_bundle(bundle({"fast": [broken, target("second", "mock-tiny")]}), providers)
     assert [u.provider_name for u in runtime.chains["fast"]] == ["second"]
+
+
+def test_keys_with_the_same_routes_share_one_compiled_copy(
+    providers: dict[str, MockProvider],
+) -> None:
+    routes = RouteCache(providers)
+    first = routes.compile(bundle(ALIASES))
+    second = routes.compile(msgspec.structs.replace(bundle(ALIASES), vk_id="vk-2"))
+    assert second.vk_id == "vk-2"
+    assert second.chains is first.chains
+    assert second.models_body is first.models_body
+    assert second.not_allowed is first.not_allowed
+    assert second.provider_ids is first.provider_ids
+    assert len(routes) == 1
+    # What a request is served from is what compiling alone gives.
+    alone = compile_bundle(bundle(ALIASES), providers)
+    assert first.chains == alone.chains
+    assert first.models_body == alone.models_body
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"api_key": "sk-rotated"},
+        {"headers": {"X-Tenant": "b"}},
+        {"price": Price(input_per_mtok="0.2", output_per_mtok="0.6")},
+        {"max_output_tokens": 4_096},
+        {"model": "mock-medium"},
+    ],
+    ids=["api-key", "headers", "price", "output-cap", "model"],
+)
+def test_a_change_to_any_part_of_a_credential_compiles_new_routes(
+    providers: dict[str, MockProvider], change: dict[str, Any]
+) -> None:
+    routes = RouteCache(providers)
+    before = routes.compile(bundle({"fast": [target("first", "mock-small")]}))
+    changed = msgspec.structs.replace(target("first", "mock-small"), **change)
+    after = routes.compile(bundle({"fast": [changed]}))
+    assert after.chains is not before.chains
+    assert (
+        after.chains["fast"]
+        == compile_bundle(bundle({"fast": [changed]}), providers).chains["fast"]
+    )
+
+
+def test_keys_allowed_different_models_do_not_share_routes(
+    providers: dict[str, MockProvider],
+) -> None:
+    routes = RouteCache(providers)
+    every = routes.compile(bundle(ALIASES))
+    some = routes.compile(bundle(ALIASES, allowed_models=["smart"]))
+    assert set(every.chains) == {"fast", "smart", "embed"}
+    assert set(some.chains) == {"smart"}
+    assert some.not_allowed == {"fast", "embed"}
+
+
+def test_the_route_cache_is_bounded_and_keys_keep_what_it_let_go(
+    providers: dict[str, MockProvider],
+) -> None:
+    routes = RouteCache(providers, maxsize=2)
+    kept = [routes.compile(bundle({"fast": [target("first", f"mock-{n}")]})) for n in range(5)]
+    assert len(routes) == 2
+    assert [k.chains["fast"][0].model for k in kept] == [f"mock-{n}" for n in range(5)]
+    again = routes.compile(bundle({"fast": [target("first", "mock-0")]}))
+    assert again.chains is not kept[0].chains
+    assert again.chains == kept[0].chains
