@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import sys
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -144,7 +145,9 @@ class AuthCache:
         self._changes = 0
         self._changed_at: dict[str, int] = {}
         """Per organization, the value of `_changes` at its latest change event."""
-        self._refresh_slots = asyncio.Semaphore(REFRESH_CONCURRENCY)
+        self._due: deque[Entry] = deque()
+        """Entries waiting for a background refresh, oldest first."""
+        self._refreshers = 0
         # Digest -> the control plane's message. Monotonic time: a wall clock set back must
         # not keep a key refused for longer.
         self._unknown: TTLCache[str, str] = TTLCache(
@@ -318,19 +321,34 @@ class AuthCache:
         return task
 
     def _schedule_refresh(self, entry: Entry, *, resolve: bool = False) -> None:
-        """Refresh `entry` in the background; a refresh already running goes round once more."""
+        """Refresh `entry` in the background; a refresh already running goes round once more.
+
+        Due entries wait in a queue that at most `REFRESH_CONCURRENCY` tasks work through: a
+        waiting entry costs a slot in the queue, not a task of its own (some 1.5 KiB). Every
+        cached key falls due together after a restart, and the control plane answers at its
+        own pace.
+        """
         entry.dirty = True
         entry.must_resolve = entry.must_resolve or resolve
         if not entry.refreshing:
             entry.refreshing = True
-            self._spawn(self._refresh(entry))
+            self._due.append(entry)
+            if self._refreshers < REFRESH_CONCURRENCY:
+                self._refreshers += 1
+                self._spawn(self._refresh_due())
+
+    async def _refresh_due(self) -> None:
+        try:
+            while self._due:
+                await self._refresh(self._due.popleft())
+        finally:
+            self._refreshers -= 1
 
     async def _refresh(self, entry: Entry) -> None:
         try:
-            async with self._refresh_slots:
-                while entry.dirty and not entry.evicted:
-                    entry.dirty = False
-                    await self._refresh_once(entry)
+            while entry.dirty and not entry.evicted:
+                entry.dirty = False
+                await self._refresh_once(entry)
         except Refused:
             self._evict(entry.digest)
         except Unreachable as exc:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import msgspec
 import pytest
 
-from proxy.auth import AuthCache
+from proxy.auth import REFRESH_CONCURRENCY, AuthCache
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers.mock import MockProvider
@@ -667,6 +667,39 @@ async def test_a_budgets_spend_moving_refreshes_one_key_under_it_at_a_time(
         if control.configs[-1][0] == kept:
             break
     assert control.configs[-1][0] == kept
+
+
+async def test_keys_falling_due_together_wait_in_a_queue_not_in_a_task_each(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    """After a restart every cached key falls due at once; the control plane is asked at most
+    `REFRESH_CONCURRENCY` at a time, and the keys waiting cost no task each."""
+    cache = make_cache(control, clock)
+    names = [f"k{n}" for n in range(40)]
+    try:
+        for name in names:
+            control.issue(f"vk-{name}", f"vk_{name}")
+            await cache.authenticate(f"vk-{name}")
+        clock.advance(CONFIG_TTL_S + 1)
+        control.config_gate = asyncio.Event()
+        asked = len(control.configs)
+        for name in names:
+            await cache.authenticate(f"vk-{name}")  # served from the cache; its refresh is due
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(control.configs) - asked == REFRESH_CONCURRENCY
+        assert len(cache._tasks) == REFRESH_CONCURRENCY
+        control.config_gate.set()
+        await cache.settle()
+        assert sorted(vk for vk, _ in control.configs[asked:]) == sorted(f"vk_{n}" for n in names)
+        assert not cache._tasks
+        # Due again a TTL later: the queue starts over.
+        clock.advance(CONFIG_TTL_S + 1)
+        await cache.authenticate("vk-k0")
+        await cache.settle()
+        assert control.configs[-1][0] == "vk_k0"
+    finally:
+        await cache.close()
 
 
 async def test_events_looking_through_the_cache_leave_its_eviction_order_alone(
