@@ -12,6 +12,7 @@ from proxy.http1 import OneWriteHttpToolsProtocol
 from proxy.settings import ProxySettings
 from vkgate import env as E
 from vkgate.logs import configure as configure_logging
+from vkgate.malloc import return_large_blocks
 
 FACTORY = "proxy.main:from_environment"
 HTTP_OPTIONS: dict[str, Any] = {
@@ -30,7 +31,9 @@ HTTP_OPTIONS: dict[str, Any] = {
 
 def from_environment() -> Litestar:
     """The app, configured from `VKGATE_*` (each server worker calls this once)."""
-    settings = ProxySettings.from_env(E.environment())
+    env = E.environment()
+    settings = ProxySettings.from_env(env)
+    return_large_blocks(env)
     # A worker process started by the server (workers > 1, granian) has not inherited the
     # logging set-up of the process that ran `vkgate proxy`.
     configure_logging(settings.log_level, settings.log_format)
