@@ -10,7 +10,8 @@ the last reading with the one after the first batch of hits.
 
 Each batch also shows the proxy's CPU per request and what it cost the control plane: the
 resolve-key and config calls it answered (from its `/metrics`; a cached key's config is fetched
-again in the background every `VKGATE_AUTH_CACHE_CONFIG_TTL_SECONDS`) and its CPU time.
+again in the background every `VKGATE_AUTH_CACHE_CONFIG_TTL_SECONDS`) and its CPU time, and
+each reading the control plane's RSS too (it ingests every request's spend record).
 
 The auth cache holds `VKGATE_AUTH_CACHE_MAX_ENTRIES` keys (default 10,000): raised to `--keys`
 for the run when smaller, and said so.
@@ -53,6 +54,7 @@ class Reading:
     stage: str
     requests: int
     rss: int
+    controlplane_rss: int
     entries: float
     batch: Batch | None
 
@@ -126,25 +128,32 @@ def main() -> None:
                 )
 
             time.sleep(1.0)  # start-up work (feed, spool) settles
-            readings.append(reading(proxy, "started", 0, None))
+            readings.append(reading(proxy, services, "started", 0, None))
             # keys.lua takes the keys in turn: the first `--keys` requests name each key once.
             # Bounded apart: its pace is the control plane's, a resolve-key and a config call
             # per key (62-89 keys/s measured on 2 shared cores, 16 at once).
             cached = batch(args.keys, args.caching_timeout)
-            readings.append(reading(proxy, f"{args.keys:,} keys cached", args.keys, cached))
+            readings.append(
+                reading(proxy, services, f"{args.keys:,} keys cached", args.keys, cached)
+            )
             served = 0
             while served < args.requests:
                 hits = batch(min(args.every, args.requests - served))
                 served += hits.requests
-                readings.append(reading(proxy, f"+{served:,} requests", args.keys + served, hits))
+                readings.append(
+                    reading(proxy, services, f"+{served:,} requests", args.keys + served, hits)
+                )
     print_table(readings)
     for note in notes:
         print(note)
 
 
-def reading(proxy: Proxy, stage: str, requests: int, batch: Batch | None) -> Reading:
+def reading(
+    proxy: Proxy, services: stack.Stack, stage: str, requests: int, batch: Batch | None
+) -> Reading:
     entries = metric_sum(scrape(proxy.metrics), "vkgate_auth_cache_entries")
-    return Reading(stage, requests, stack.rss_bytes(proxy.pid), entries, batch)
+    rss = stack.rss_bytes(proxy.pid)
+    return Reading(stage, requests, rss, stack.rss_bytes(services.controlplane_pid), entries, batch)
 
 
 def print_table(readings: list[Reading]) -> None:
@@ -171,6 +180,7 @@ def print_table(readings: list[Reading]) -> None:
                 "-" if previous is None else f"{(r.rss - previous.rss) / MIB:+.1f}",
                 f"{r.entries:,.0f}",
                 *cells,
+                f"{r.controlplane_rss / MIB:.1f}",
             )
         )
         previous = r
@@ -187,6 +197,7 @@ def print_table(readings: list[Reading]) -> None:
             "CP resolve-key / config calls",
             "CP CPU s",
             "batch errors",
+            "CP RSS MiB",
         ),
         table,
     )
