@@ -77,6 +77,13 @@ class Entry:
     """Set when a refusal or a change event evicted it: it must not come back from the dead."""
 
 
+def _config_of(resolution: ResolveKeyResponse) -> Config | None:
+    """The bundle a resolution brought, if it brought one (see `ResolveKeyResponse.bundle`)."""
+    if resolution.bundle is None:
+        return None
+    return Config(resolution.bundle, resolution.etag)
+
+
 class _Entries(LRUCache[str, Entry]):
     """An LRU that keeps an index by virtual key id, so change events find entries quickly,
     and its entries apart, so change events can look through them all without marking each
@@ -250,7 +257,7 @@ class AuthCache:
         resolution: ResolveKeyResponse | None = None
         try:
             resolution = await self._control.resolve_key(digest)
-            config = await self._control.config(resolution.vk_id)
+            config = _config_of(resolution) or await self._control.config(resolution.vk_id)
         except Refused as exc:
             # Only resolve-key's "unknown": revoked, disabled and expired keys have codes of
             # their own, and a config refused after a resolution is a key that just changed.
@@ -364,14 +371,17 @@ class AuthCache:
     async def _refresh_once(self, entry: Entry) -> None:
         """Re-fetch the bundle (with its ETag) and, when due or asked, the resolution."""
         now = self._clock.now().timestamp()
+        config: Config | None = None
         if entry.must_resolve or now >= entry.resolved_until - RESOLVE_AHEAD_S:
             resolution = await self._control.resolve_key(entry.digest)
             entry.must_resolve = False
             entry.resolved_until = unix_seconds(resolution.expires_at) or now
             entry.hard_until = entry.resolved_until + self._hard_grace_s
             entry.key_expires_at = unix_seconds(resolution.key_expires_at)
-        config = await self._control.config(entry.runtime.vk_id, entry.etag)
-        if config.bundle is not None:
+            config = _config_of(resolution)
+        if config is None:
+            config = await self._control.config(entry.runtime.vk_id, entry.etag)
+        if config.bundle is not None and (config.etag is None or config.etag != entry.etag):
             entry.runtime = self._compile(config.bundle)
             event(
                 log, "config_refreshed", vk_id=entry.runtime.vk_id, revision=entry.runtime.revision

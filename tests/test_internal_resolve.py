@@ -1,4 +1,4 @@
-"""`POST resolve-key`: the SHA-256 of a presented key in, the key's identity and a JWT out."""
+"""`POST resolve-key`: a presented key's SHA-256 in; its identity, a JWT and its bundle out."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 import httpx
 import pytest
+from litestar import Litestar
 
-from tests.conftest import Internal, World
+from controlplane.ledger.client import LedgerError
+from tests.conftest import Internal, World, create
 from vkgate import signing
 from vkgate.keys import key_sha256
 
@@ -115,3 +117,61 @@ async def test_a_body_that_is_not_json_is_400(internal: Internal, world: World) 
     )
     assert response.status_code == 400
     assert error(response)["code"] == "invalid_request"
+
+
+async def budgeted(client: httpx.AsyncClient, world: World) -> None:
+    body = {
+        "organization_id": world.org,
+        "scope": {"kind": "virtual_key", "id": world.key_id},
+        "window": "month",
+        "limit_usd": "25",
+    }
+    await create(client, "/api/admin/budgets", body)
+
+
+async def test_the_resolution_brings_the_bundle_and_etag_config_would_give(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    await budgeted(client, world)
+    resolved = await internal.call("POST", RESOLVE, {"key_sha256": key_sha256(world.key)})
+    config = await internal.call("GET", f"/api/internal/gateway/config/{world.key_id}")
+
+    assert resolved.status_code == config.status_code == 200, resolved.text
+    answer = resolved.json()
+    assert answer["bundle"] == config.json()
+    assert answer["bundle"]["vk_id"] == world.key_id
+    assert [b["limit_usd"] for b in answer["bundle"]["budgets"]] == ["25"]
+    assert answer["etag"] == config.headers["etag"]
+    unchanged = await internal.call(
+        "GET",
+        f"/api/internal/gateway/config/{world.key_id}",
+        headers={"If-None-Match": answer["etag"]},
+    )
+    assert unchanged.status_code == 304
+
+
+async def test_with_the_ledger_down_a_key_resolves_without_its_bundle(
+    app: Litestar,
+    client: httpx.AsyncClient,
+    internal: Internal,
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its budgets' spend cannot be read: the resolution still renews (a proxy keeps serving
+    what it cached), and `config` says what is wrong."""
+    await budgeted(client, world)
+
+    async def down(*args: object) -> list[int]:
+        raise LedgerError("connection refused", cause="ConnectError")
+
+    monkeypatch.setattr(app.state["vk"].ledger, "spend", down)
+    resolved = await internal.call("POST", RESOLVE, {"key_sha256": key_sha256(world.key)})
+    config = await internal.call("GET", f"/api/internal/gateway/config/{world.key_id}")
+
+    assert resolved.status_code == 200, resolved.text
+    answer = resolved.json()
+    assert answer["vk_id"] == world.key_id
+    assert answer["bundle"] is None
+    assert answer["etag"] is None
+    assert config.status_code == 503
+    assert "ledger" in error(config)["message"]

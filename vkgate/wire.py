@@ -46,6 +46,12 @@ class ResolveKeyResponse(msgspec.Struct):
     """When the JWT (and so this resolution) expires, RFC 3339."""
     key_expires_at: str | None = None
     """When the presented key stops working (its expiry or rotation grace), if ever."""
+    bundle: ConfigBundle | None = None
+    """The key's bundle as `config` would send it, read in the same transaction, so a proxy
+    need not ask `config` after resolving a key. None when the ledger could not give its
+    budgets' spend (`config` then says why), and from a control plane older than the field."""
+    etag: str | None = None
+    """`bundle`'s ETag, the one `config` gives it."""
 
 
 class Limits(msgspec.Struct, omit_defaults=True):

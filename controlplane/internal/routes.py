@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -18,12 +20,14 @@ from controlplane.feed import service as feed
 from controlplane.internal import bundle
 from controlplane.internal.resolve import resolve
 from controlplane.internal.signature import require_signature
+from controlplane.ledger.client import LedgerError
 from controlplane.schemas import Vk
 from controlplane.spend import service as spend
 from controlplane.spend.routes import budget_bucket_spend, spend_commands
 from controlplane.state import AppState
 from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
+from vkgate.logs import event
 from vkgate.spend import SEGMENT_ENCODING
 from vkgate.wire import (
     CHANGES_DEFAULT_TIMEOUT_S,
@@ -33,6 +37,7 @@ from vkgate.wire import (
     REVISION_HEADER,
     ChangeEvent,
     ChangesResponse,
+    ConfigBundle,
     EventKind,
     HealthResponse,
     ResolveKeyRequest,
@@ -40,6 +45,7 @@ from vkgate.wire import (
 )
 
 JSON = "application/json"
+log = logging.getLogger("vkgate.controlplane.internal")
 
 
 # resolve-key's refusals as its metric counts them; any other ApiError is `invalid`.
@@ -53,10 +59,31 @@ RESOLVE_RESULTS = {
 
 @post("/resolve-key", status_code=HTTP_200_OK)
 async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyResponse:
+    """The key behind a SHA-256, and its bundle: one round trip for a key a proxy has not
+    cached, and for the resolution it renews every few minutes, instead of two."""
     result = "error"
     try:
+        now = vk.clock.now()
         async with vk.read() as tx:
             resolved = await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+            built = await bundle.build(
+                tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=resolved.vk_id, now=now
+            )
+        try:
+            resolved.bundle, resolved.etag = await _sent(vk, built, now)
+        except LedgerError as exc:
+            # The key still resolves: a proxy then asks `config`, which says the ledger is
+            # down, and keeps serving what it cached meanwhile.
+            vk.metrics.ledger_errors.inc()
+            event(
+                log,
+                "ledger_unavailable",
+                level=logging.WARNING,
+                route=f"{INTERNAL_PREFIX}/resolve-key",
+                method="POST",
+                cause=exc.cause,
+                bundle="left out",
+            )
         result = "ok"
     except ApiError as exc:
         result = RESOLVE_RESULTS.get(exc.code, "invalid")
@@ -84,18 +111,27 @@ async def _config(vk: AppState, vk_id: str, if_none_match: str | None) -> Respon
     now = vk.clock.now()
     async with vk.read() as tx:
         built = await bundle.build(tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=vk_id, now=now)
+    sent, etag = await _sent(vk, built, now)
+    if _matches(if_none_match, etag):
+        return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+    return Response(
+        msgspec.json.encode(sent),
+        media_type=JSON,
+        headers={"ETag": etag, "Cache-Control": "no-store"},
+    )
+
+
+async def _sent(vk: AppState, built: ConfigBundle, now: datetime) -> tuple[ConfigBundle, str]:
+    """The bundle as sent, its budgets' spend read from the ledger, and its ETag."""
     # Read after the transaction: no database connection is held while the ledger answers.
     counted = await spend.with_spend(vk.ledger, built, now)
     # The ETag changes only when the bundle or a budget's spend does, not with the time the
     # spend was read: a proxy keeping an older reading only counts more conservatively.
     tagged = msgspec.json.encode(counted)
-    body = msgspec.json.encode(spend.read_at(counted, now)) if counted.budgets else tagged
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
     digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
-    etag = f'"{digest[:32]}"'
-    if _matches(if_none_match, etag):
-        return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
-    return Response(body, media_type=JSON, headers={"ETag": etag, "Cache-Control": "no-store"})
+    sent = spend.read_at(counted, now) if counted.budgets else counted
+    return sent, f'"{digest[:32]}"'
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:

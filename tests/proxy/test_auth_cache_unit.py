@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import msgspec
 import pytest
 
-from proxy.auth import REFRESH_CONCURRENCY, AuthCache
+from proxy.auth import REFRESH_CONCURRENCY, RESOLVE_AHEAD_S, AuthCache
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers.mock import MockProvider
@@ -91,6 +91,8 @@ class FakeControlPlane:
         self.config_gate: asyncio.Event | None = None
         self.resolves: list[str] = []
         self.configs: list[tuple[str, str | None]] = []
+        self.bundled = False
+        """Resolutions bring the key's bundle along, as a control plane of this version does."""
 
     def issue(self, presented: str, vk_id: str, org: str = "org-1", **fields: object) -> Key:
         key = next((k for k in self.keys.values() if k.vk_id == vk_id), None)
@@ -141,6 +143,7 @@ class FakeControlPlane:
         stops = [t for t in (key.expires_at, key.valid_until) if t is not None]
         key_expires_at = min(stops) if stops else None
         expires_at = min([now + JWT_LIFETIME, *stops])
+        bundled = self._config(key.vk_id, None) if self.bundled else Config(None, None)
         return ResolveKeyResponse(
             jwt="header.payload.signature",
             vk_id=key.vk_id,
@@ -148,6 +151,8 @@ class FakeControlPlane:
             revision=key.revision,
             expires_at=rfc3339(expires_at),
             key_expires_at=rfc3339(key_expires_at) if key_expires_at else None,
+            bundle=bundled.bundle,
+            etag=bundled.etag,
         )
 
     def _config(self, vk_id: str, etag: str | None) -> Config:
@@ -881,6 +886,49 @@ async def test_keys_of_one_policy_share_their_chains_until_one_changes(
     b = await cache.authenticate("vk-b")
     assert b.chains["chat"][0].model == "mock-large"
     assert (await cache.authenticate("vk-a")).chains["chat"][0].model == "mock-small"
+
+
+async def test_a_resolution_that_brings_the_bundle_saves_the_config_call(
+    cache: AuthCache, control: FakeControlPlane
+) -> None:
+    control.bundled = True
+    control.issue("vk-a", "vk_a")
+    runtime = await cache.authenticate("vk-a")
+    assert runtime.vk_id == "vk_a"
+    assert list(runtime.chains) == ["chat"]
+    assert control.calls() == (1, 0)
+
+
+async def test_a_renewed_resolution_recompiles_only_a_bundle_that_changed(
+    control: FakeControlPlane, clock: ManualClock
+) -> None:
+    control.bundled = True
+    cache = make_cache(control, clock)
+    compiled: list[int] = []
+    cache.on_compiled = lambda runtime: compiled.append(runtime.revision)
+    try:
+        control.issue("vk-a", "vk_a")
+        await cache.authenticate("vk-a")
+        assert compiled == [1]
+
+        # The resolution falls due with the config: one call renews both, and the bundle it
+        # brings is the one cached (its ETag says so), so nothing is compiled again.
+        clock.advance(JWT_LIFETIME.total_seconds() - RESOLVE_AHEAD_S + 1)
+        await cache.authenticate("vk-a")
+        await cache.settle()
+        assert control.calls() == (2, 0)
+        assert compiled == [1]
+
+        key = control.key("vk_a")
+        key.aliases = {"chat": [target("prov-a", "mock-large")]}
+        key.revision = 2
+        cache.apply(event(EventKind.VK_CONFIG_UPDATED, "vk_a", vk_id="vk_a"))
+        await cache.settle()
+        assert control.calls() == (3, 0)
+        assert compiled == [1, 2]
+        assert (await cache.authenticate("vk-a")).chains["chat"][0].model == "mock-large"
+    finally:
+        await cache.close()
 
 
 async def test_the_index_holds_every_cached_key_of_a_virtual_key(
