@@ -81,7 +81,7 @@ class RouteCache:
         return len(self._routes)
 
     def compile(self, bundle: ConfigBundle) -> KeyRuntime:
-        """`compile_bundle`, with routes shared with the keys compiled before."""
+        """The bundle's runtime, its routes shared with the keys compiled before."""
         return runtime_of(bundle, self.routes(bundle))
 
     def routes(self, bundle: ConfigBundle) -> Routes:
@@ -102,11 +102,8 @@ def _unsendable(target: ChainTarget) -> str | None:
     return None
 
 
-def compile_bundle(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> KeyRuntime:
-    return runtime_of(bundle, compile_routes(bundle, providers))
-
-
 def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
+    """The key's runtime: its own facts from `bundle`, its routes as compiled (and shared)."""
     return KeyRuntime(
         vk_id=bundle.vk_id,
         # Interned: thousands of cached keys of one organization keep one copy of each.
@@ -127,6 +124,7 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
 
 
 def compile_routes(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> Routes:
+    """Every alias of the bundle to its chain of upstreams this proxy can call."""
     allowed = set(bundle.allowed_models) if bundle.allowed_models is not None else None
     chains: dict[str, tuple[Upstream, ...]] = {}
     not_allowed: set[str] = set()

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from proxy.providers.mock import MockProvider
-from proxy.runtime import RouteCache, compile_bundle
+from proxy.runtime import KeyRuntime, RouteCache
 from tests.support.clock import ManualClock
 from vkgate.clock import unix_seconds
 from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
@@ -54,6 +54,11 @@ def bundle(
         ],
         expires_at="2026-04-01T00:00:00Z",
     )
+
+
+def compile_bundle(source: ConfigBundle, providers: dict[str, MockProvider]) -> KeyRuntime:
+    """The runtime a cache of its own compiles: nothing shared with another test's keys."""
+    return RouteCache(providers).compile(source)
 
 
 @pytest.fixture
