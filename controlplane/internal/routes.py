@@ -82,7 +82,6 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
                 route=f"{INTERNAL_PREFIX}/resolve-key",
                 method="POST",
                 cause=exc.cause,
-                bundle="left out",
             )
         result = "ok"
     except ApiError as exc:
