@@ -55,7 +55,8 @@ class KeyRuntime:
 @dataclass(frozen=True, slots=True)
 class Routes:
     """What a key's aliases and `allowed_models` compile to: shared by the keys that have the
-    same ones."""
+    same ones. `KeyRuntime` holds each field itself (the same objects), so a request reaches a
+    chain in one attribute step."""
 
     chains: Mapping[str, tuple[Upstream, ...]]
     not_allowed: frozenset[str]
