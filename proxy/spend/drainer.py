@@ -1,7 +1,8 @@
 """The spool's drainer: seals segments on time and ships them to the ledger, oldest first.
 
 Every `interval_s` (`VKGATE_SPEND_FLUSH_INTERVAL_SECONDS`) it seals the open segment if it
-holds records, and at once when a segment filled up. It ships sealed segments one at a time,
+holds records. A segment that fills up is sealed at once, alone, and the next seal of the open
+segment comes an interval after that. It ships sealed segments one at a time,
 oldest first, each as one `SpendSegment` body, and deletes a segment only once the control
 plane has acknowledged it. A crash between the ack and the delete ships the same file again
 under the same `segment_id`; the ledger counts it as duplicates.
@@ -204,13 +205,20 @@ class SpoolDrainer:
 
     async def _seal_if_due(self) -> None:
         now = self._clock.monotonic()
-        if now >= self._next_seal or self._spool.has_rotated:
+        if now >= self._next_seal:
             self._next_seal = now + self._interval
             await self._seal()
+        elif self._spool.has_rotated:
+            # A segment filled up: it is sealed alone. The segment after it began when it
+            # filled, so it gets an interval of its own instead of being cut after a few
+            # records (a busy proxy shipped a near-empty segment after every full one, and
+            # a segment costs the ledger about as much in statements as its records do).
+            self._next_seal = now + self._interval
+            await self._seal(open_segment=False)
 
-    async def _seal(self) -> None:
+    async def _seal(self, *, open_segment: bool = True) -> None:
         try:
-            await self._spool.seal_async()
+            await self._spool.seal_async(open_segment=open_segment)
         except OSError as exc:
             log.error("cannot seal the spend spool's segments: %s", exc)
 

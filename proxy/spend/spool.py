@@ -539,9 +539,13 @@ class SpendSpool:
         """Segments closed for writing are waiting to be sealed."""
         return bool(self._rotated)
 
-    def seal(self) -> int:
-        """Make what was written durable and shippable; the number of segments sealed."""
-        batch = self._take_batch()
+    def seal(self, *, open_segment: bool = True) -> int:
+        """Make what was written durable and shippable; the number of segments sealed.
+
+        Without `open_segment`, only the segments already closed for writing (full ones) are
+        sealed, and the one being written goes on filling.
+        """
+        batch = self._take_batch(open_segment)
         if not batch:
             return 0
         try:
@@ -552,9 +556,9 @@ class SpendSpool:
             raise
         return self._register(batch)
 
-    async def seal_async(self) -> int:
+    async def seal_async(self, *, open_segment: bool = True) -> int:
         """`seal`, with the fsyncs and renames off the event loop."""
-        batch = self._take_batch()
+        batch = self._take_batch(open_segment)
         if not batch:
             return 0
         try:
@@ -565,8 +569,8 @@ class SpendSpool:
             raise
         return self._register(batch)
 
-    def _take_batch(self) -> list[Rotated]:
-        if not self._closed:
+    def _take_batch(self, open_segment: bool) -> list[Rotated]:
+        if open_segment and not self._closed:
             self._rotate()
         batch, self._rotated = self._rotated, []
         return batch

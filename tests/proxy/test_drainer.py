@@ -271,6 +271,27 @@ async def test_a_full_segment_wakes_the_drainer_at_once(
     spool.close()
 
 
+async def test_a_full_segment_is_sealed_alone_and_the_next_one_fills_for_an_interval(
+    tmp_path: Path, clock: SteppedClock
+) -> None:
+    spool = SpendSpool.open(tmp_path, clock, segment_max_bytes=1000)
+    ledger = FakeLedger()
+    drainer, _ = drainer_for(spool, ledger, clock, interval_s=1.0)
+    clock.elapse(0.9)
+    for n in range(7):
+        spool.append(record(f"r{n}"))  # about 190 bytes each: the sixth fills the segment
+    assert await drainer.step() == 1.0
+    assert [rec.request_id for rec in ledger.records] == [f"r{n}" for n in range(6)]
+    clock.elapse(0.5)  # past the interval the drainer began with, not the one since the fill
+    await drainer.step()
+    assert len(ledger.calls) == 1
+    clock.elapse(0.5)
+    await drainer.step()
+    assert [rec.request_id for rec in ledger.records][6:] == ["r6"]
+    assert len(ledger.calls) == 2
+    spool.close()
+
+
 class TestShutdown:
     async def test_shutdown_seals_and_ships_everything_it_can(
         self, spool: SpendSpool, clock: SteppedClock
