@@ -73,6 +73,20 @@ def wait_ok(url: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -
     raise SystemExit(f"{url} did not answer in {timeout} s")
 
 
+def wait_listening(url: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Wait until `url` gives any HTTP answer (for a server without a health route)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args!r} exited with {process.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer in {timeout} s")
+
+
 @contextmanager
 def started(args: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`args` running, its output to `log`; stopped by its PID on the way out (SIGTERM, up to

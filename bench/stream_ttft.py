@@ -7,9 +7,11 @@ the finish chunk, the usage chunk when the request asked for it
 (`stream_options.include_usage`), and `data: [DONE]`.
 
 A client (aiohttp, one keep-alive connection per concurrent stream) runs streams back to back
-for `--duration` seconds at each concurrency, against the upstream directly and through a
-proxy, with and without asking for usage (without, the proxy asks for it and strips the usage
-chunk on the way). Per stream it records when each event arrived:
+for `--duration` seconds at each concurrency, against the upstream directly, through the bare
+forwarder of `peers/bare_forwarder.py` (the ceiling: one uvicorn worker relaying the chunks,
+nothing else; `--no-bare` leaves it out) and through a proxy, with and without asking for usage
+(without, the proxy asks for it and strips the usage chunk on the way; the bare forwarder
+passes the body on as it is). Per stream it records when each event arrived:
 
 - `TTFB`: from sending the request to the first event's arrival; `added` is over the upstream
   called directly at the same concurrency and usage mode;
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +120,7 @@ def serve_upstream(port: int, chunks: int, gap_s: float) -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/stream/v1/chat/completions", chat)  # where the bare forwarder streams
     app.router.add_get("/healthz", healthz)
     web.run_app(
         app,
@@ -222,6 +227,12 @@ def main() -> None:
     parser.add_argument(
         "--usage", default="not,asked", help="comma list: not, asked (the client's usage chunk)"
     )
+    parser.add_argument(
+        "--bare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the bare forwarder too (default: yes)",
+    )
     stack.add_service_arguments(parser)
     parser.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -250,7 +261,11 @@ def main() -> None:
             stack.wait_ok(f"{base}/healthz", upstream)
             key = services.key_to(f"{base}/v1", "sse")
             targets = [("upstream direct", f"{base}/v1/chat/completions", "")]
-            with services.proxy(stack.proxy_env_args(args.proxy_env)) as proxy:
+            with contextlib.ExitStack() as running:
+                if args.bare:
+                    bare = running.enter_context(bare_forwarder(services, base))
+                    targets.append(("bare forwarder", f"{bare}/v1/chat/completions", ""))
+                proxy = running.enter_context(services.proxy(stack.proxy_env_args(args.proxy_env)))
                 targets.append(("vkgate", f"{proxy.url}/v1/chat/completions", key))
                 for name, url, bearer in targets:
                     for mode in modes:
@@ -264,6 +279,32 @@ def main() -> None:
         f"\nUpstream: {args.chunks} events {args.gap_ms:g} ms apart, then finish, usage (when "
         "asked) and [DONE] at once; times in ms."
     )
+
+
+@contextlib.contextmanager
+def bare_forwarder(services: stack.Stack, upstream: str) -> Iterator[str]:
+    """`peers/bare_forwarder.py` on one uvicorn worker in front of `upstream`; its base URL."""
+    port = stack.free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(Path(__file__).resolve().parent / "peers"),
+        "--host",
+        "127.0.0.1",
+        f"--port={port}",
+        "--loop=uvloop",
+        "--http=httptools",
+        "--no-access-log",
+        "--log-level=warning",
+        "bare_forwarder:app",
+    ]
+    env = {**services.env, "UPSTREAM": upstream}
+    with stack.started(args, env, services.work / "bare-forwarder.log") as process:
+        url = f"http://127.0.0.1:{port}"
+        stack.wait_listening(url, process)
+        yield url
 
 
 def print_table(rows: list[tuple[str, str, int, Samples]], gap_ms: float) -> None:
