@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,30 +60,27 @@ def free_port() -> int:
 
 def wait_ok(url: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Wait until `url` answers 200; give up if `process` exits or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args!r} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer in {timeout} s")
+    _wait(url, process, timeout, lambda status: status == 200)
 
 
 def wait_listening(url: str, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Wait until `url` gives any HTTP answer (for a server without a health route)."""
+    _wait(url, process, timeout, lambda _status: True)
+
+
+def _wait(
+    url: str, process: subprocess.Popen[bytes], timeout: float, ready: Callable[[int], bool]
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"{process.args!r} exited with {process.returncode}")
         try:
-            httpx.get(url, timeout=1)
-            return
+            if ready(httpx.get(url, timeout=1).status_code):
+                return
         except httpx.HTTPError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise SystemExit(f"{url} did not answer in {timeout} s")
 
 

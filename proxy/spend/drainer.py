@@ -2,9 +2,9 @@
 
 Every `interval_s` (`VKGATE_SPEND_FLUSH_INTERVAL_SECONDS`) it seals the open segment if it
 holds records. A segment that fills up is sealed at once, alone, and the next seal of the open
-segment comes an interval after that. It ships sealed segments one at a time,
-oldest first, each as one `SpendSegment` body, and deletes a segment only once the control
-plane has acknowledged it. A crash between the ack and the delete ships the same file again
+segment comes an interval after that. It ships sealed segments one at a time, oldest first,
+each as one `SpendSegment` body, and deletes a segment only once the control plane has
+acknowledged it. A crash between the ack and the delete ships the same file again
 under the same `segment_id`; the ledger counts it as duplicates.
 
 A failed shipment (network, 5xx, a bad answer) keeps the segment and waits 1 s, doubling to
