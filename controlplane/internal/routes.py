@@ -70,7 +70,7 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
                 tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=resolved.vk_id, now=now
             )
         try:
-            resolved.bundle, resolved.etag = await _sent(vk, built, now)
+            resolved.bundle, resolved.etag, _ = await _sent(vk, built, now)
         except LedgerError as exc:
             # The key still resolves: a proxy then asks `config`, which says the ledger is
             # down, and keeps serving what it cached meanwhile.
@@ -110,18 +110,21 @@ async def _config(vk: AppState, vk_id: str, if_none_match: str | None) -> Respon
     now = vk.clock.now()
     async with vk.read() as tx:
         built = await bundle.build(tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=vk_id, now=now)
-    sent, etag = await _sent(vk, built, now)
+    sent, etag, encoded = await _sent(vk, built, now)
     if _matches(if_none_match, etag):
         return Response(b"", status_code=HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
     return Response(
-        msgspec.json.encode(sent),
+        encoded if encoded is not None else msgspec.json.encode(sent),
         media_type=JSON,
         headers={"ETag": etag, "Cache-Control": "no-store"},
     )
 
 
-async def _sent(vk: AppState, built: ConfigBundle, now: datetime) -> tuple[ConfigBundle, str]:
-    """The bundle as sent, its budgets' spend read from the ledger, and its ETag."""
+async def _sent(
+    vk: AppState, built: ConfigBundle, now: datetime
+) -> tuple[ConfigBundle, str, bytes | None]:
+    """The bundle as sent, its budgets' spend read from the ledger, and its ETag; and the
+    bundle's JSON when that is what is sent (no budgets), already encoded for the ETag."""
     # Read after the transaction: no database connection is held while the ledger answers.
     counted = await spend.with_spend(vk.ledger, built, now)
     # The ETag changes only when the bundle or a budget's spend does, not with the time the
@@ -129,8 +132,10 @@ async def _sent(vk: AppState, built: ConfigBundle, now: datetime) -> tuple[Confi
     tagged = msgspec.json.encode(counted)
     # Keyed, so a tag reveals nothing about the credentials inside the bundle.
     digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
-    sent = spend.read_at(counted, now) if counted.budgets else counted
-    return sent, f'"{digest[:32]}"'
+    etag = f'"{digest[:32]}"'
+    if counted.budgets:
+        return spend.read_at(counted, now), etag, None
+    return counted, etag, tagged
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:
