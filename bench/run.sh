@@ -143,6 +143,20 @@ cpu_pct() {         # cpu_pct TICKS0 TICKS1 NS0 NS1 -> % of one core
   echo $(( ($2 - $1) * 100 * 1000000000 / CLK_TCK / ($4 - $3) ))
 }
 
+machine_ticks() {   # "STEAL TOTAL" of every CPU so far, in clock ticks (/proc/stat)
+  local _ user nice system idle iowait irq softirq steal
+  read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+  echo "$steal $((user + nice + system + idle + iowait + irq + softirq + steal))"
+}
+
+steal_pct() {       # steal_pct "STEAL0 TOTAL0" "STEAL1 TOTAL1" -> % of the machine's CPU time
+  local s0 t0 s1 t1                 # the hypervisor gave to others: noise no target caused
+  read -r s0 t0 <<< "$1"; read -r s1 t1 <<< "$2"
+  local permille=0
+  (( t1 > t0 )) && permille=$(( (s1 - s0) * 1000 / (t1 - t0) ))
+  echo "$((permille / 10)).$((permille % 10))"
+}
+
 bounded() {         # bounded SECONDS OUT CMD...: run in the background, wait (Ctrl-C stops it)
   local secs="$1" out="$2"; shift 2
   timeout -k 5 "$secs" "$@" > "$out" 2>&1 &
@@ -160,33 +174,36 @@ check_chat() {
     | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["object"]=="chat.completion" and d["usage"]["total_tokens"]>0, d' 2>"$WORK/check.err"
 }
 
-add_row() {         # target mode conc BENCH_RESULT-line cpu% [aux cpu%]
-  local target="$1" mode="$2" conc="$3" line="$4" cpu="$5" aux="${6:-}" kv rps="" p50="" p99="" non2xx=0 sockerr=0 req=0
+add_row() {         # target mode conc BENCH_RESULT-line cpu% aux-cpu% steal%
+  local target="$1" mode="$2" conc="$3" line="$4" cpu="$5" aux="${6:-}" steal="${7:-}" kv rps="" p50="" p99="" non2xx=0 sockerr=0 req=0
   for kv in $line; do
     case "$kv" in
       rps=*) rps="${kv#*=}" ;; p50_ms=*) p50="${kv#*=}" ;; p99_ms=*) p99="${kv#*=}" ;;
       non2xx=*) non2xx="${kv#*=}" ;; sockerr=*) sockerr="${kv#*=}" ;; requests=*) req="${kv#*=}" ;;
     esac
   done
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
-    "$target" "$mode" "$conc" "${rps:-nan}" "${p50:-nan}" "${p99:-nan}" "$req" "$non2xx" "$sockerr" "$cpu" "$aux" >> "$ROWS"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+    "$target" "$mode" "$conc" "${rps:-nan}" "${p50:-nan}" "${p99:-nan}" "$req" "$non2xx" "$sockerr" "$cpu" "$aux" "$steal" >> "$ROWS"
 }
 
 # measured TARGET MODE CONC WATCH_PID OUT CMD...: run a load step, record its row with the CPU
 # of WATCH_PID's tree (and of AUX_PID's tree when set: vkgate's control plane).
 measured() {
   local target="$1" mode="$2" conc="$3" watch="$4" out="$5"; shift 5
-  local c0 c1 a0=0 a1=0 t0 t1 cpu aux="" line secs
+  local c0 c1 a0=0 a1=0 t0 t1 m0 m1 cpu aux="" steal line secs
   secs=$((DUR_S + 30)); [[ "$mode" == seq ]] && secs=180
   c0=$(cpu_ticks "$watch"); [[ -n "${AUX_PID:-}" ]] && a0=$(cpu_ticks "$AUX_PID"); t0=$(date +%s%N)
+  m0=$(machine_ticks)
   bounded "$secs" "$out" "$@"
+  m1=$(machine_ticks)
   c1=$(cpu_ticks "$watch"); [[ -n "${AUX_PID:-}" ]] && a1=$(cpu_ticks "$AUX_PID"); t1=$(date +%s%N)
   cpu=$(cpu_pct "$c0" "$c1" "$t0" "$t1")
   [[ -n "${AUX_PID:-}" ]] && aux=$(cpu_pct "$a0" "$a1" "$t0" "$t1")
+  steal=$(steal_pct "$m0" "$m1")
   line="$(grep '^BENCH_RESULT' "$out" | tail -1)"
   [[ -z "$line" ]] && log "$target $mode c=$conc: no result, see $out"
-  add_row "$target" "$mode" "$conc" "$line" "$cpu" "$aux"
-  log "$target $mode c=$conc: ${line#BENCH_RESULT } cpu=${cpu}%${aux:+ control-plane=${aux}%}"
+  add_row "$target" "$mode" "$conc" "$line" "$cpu" "$aux" "$steal"
+  log "$target $mode c=$conc: ${line#BENCH_RESULT } cpu=${cpu}%${aux:+ control-plane=${aux}%} steal=${steal}%"
 }
 
 # run_wrk TARGET URL CONC STREAM(0|1) WATCH_PID [KEY] [HEADERS]

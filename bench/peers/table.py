@@ -4,9 +4,10 @@
   table.py ROWS.tsv HEADER.txt OUT_BASE   -> prints them, writes OUT_BASE.txt and OUT_BASE.tsv
 
 Row columns (tab-separated): target mode conc rps p50_ms p99_ms requests errors_non2xx
-errors_socket cpu_pct [aux_cpu_pct]. cpu_pct -1: the target failed its sanity check or did not
-start. aux_cpu_pct: CPU of a helper process the target needs (vkgate's control plane), empty
-when there is none.
+errors_socket cpu_pct [aux_cpu_pct [steal_pct]]. cpu_pct -1: the target failed its sanity check
+or did not start. aux_cpu_pct: CPU of a helper process the target needs (vkgate's control
+plane), empty when there is none. steal_pct: the share of the machine's CPU time its hypervisor
+gave to other guests during the run (time no process here got), empty when not measured.
 
 Prints, in order: the run header, one line per run (every mode and concurrency), the summary
 (one line per target) and the ratios between targets measured in this same run.
@@ -43,6 +44,8 @@ class Row:
     errors: int
     cpu: int
     aux_cpu: int | None
+    steal: float | None = None
+    """% of the machine's CPU time taken by its hypervisor during the run."""
 
     @property
     def not_run(self) -> bool:
@@ -70,6 +73,7 @@ def parse(text: str) -> list[Row]:
         fields = line.split("\t")
         target, mode, conc, rps, p50, p99, requests, non2xx, sockerr, cpu = fields[:10]
         aux = fields[10] if len(fields) > 10 else ""
+        steal = fields[11] if len(fields) > 11 else ""
         row = Row(
             target=target,
             mode=mode,
@@ -81,6 +85,7 @@ def parse(text: str) -> list[Row]:
             errors=int(non2xx or 0) + int(sockerr or 0),
             cpu=int(cpu),
             aux_cpu=int(aux) if aux not in ("", "-") else None,
+            steal=float(steal) if steal not in ("", "-") else None,
         )
         if row.failed:
             row.rps = row.p50 = row.p99 = math.nan
@@ -91,7 +96,8 @@ def parse(text: str) -> list[Row]:
 def details(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
     head = (
         f"{'target':<15} {'mode':<6} {'conc':>4} {'RPS':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS %dir':>8} {'cpu%':>5} {'cp%':>4} {'errors':>12}"
+        f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS %dir':>8} {'cpu%':>5} {'cp%':>4} {'st%':>4} "
+        f"{'errors':>12}"
     )
     out = [head, "-" * len(head)]
     for row in rows:
@@ -107,10 +113,11 @@ def details(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
             errors = "0"
         cpu = str(row.cpu) if row.cpu >= 0 else "-"
         aux = str(row.aux_cpu) if row.aux_cpu is not None else "-"
+        steal = fmt(row.steal, 1)
         out.append(
             f"{row.target:<15} {row.mode:<6} {row.conc:>4} {fmt(row.rps, 0):>9} "
             f"{fmt(row.p50):>8} {fmt(row.p99):>8} {fmt(added_p50):>8} {fmt(added_p99):>8} "
-            f"{fmt(share, 1):>8} {cpu:>5} {aux:>4} {errors:>12}"
+            f"{fmt(share, 1):>8} {cpu:>5} {aux:>4} {steal:>4} {errors:>12}"
         )
     return out
 
@@ -199,6 +206,19 @@ def ratios(rows: list[Row]) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def steal_line(rows: list[Row]) -> str:
+    """How much CPU the hypervisor took during the runs: the same build measures slower on a
+    busier host, so runs taken on different days compare only alongside this."""
+    stolen = sorted(row.steal for row in rows if row.steal is not None and not row.not_run)
+    if not stolen:
+        return ""
+    median = stolen[len(stolen) // 2]
+    return (
+        f"CPU time taken by the hypervisor (steal) during the runs: {stolen[0]:.1f}-"
+        f"{stolen[-1]:.1f} % of the machine's, median {median:.1f} %."
+    )
+
+
 def _int(text: str) -> int:
     return int(text) if text.isdigit() else -1
 
@@ -216,8 +236,13 @@ def main() -> None:
         "+p50/+p99: latency added vs direct-nginx at the same mode/concurrency; RPS %dir: share of",
         "direct RPS; cpu%: CPU of the target's process tree during the run (100 = one core); cp%:",
         "CPU of vkgate's control plane (spend ingestion, on the same cores); seq: sequential",
-        "requests; errors: non-2xx + socket errors / requests (ALL: every reply failed, no speed).",
+        "requests; st%: share of the machine's CPU time its hypervisor gave to other guests",
+        "during the run (noise no target caused); errors: non-2xx + socket errors / requests",
+        "(ALL: every reply failed, no speed).",
     ]
+    stolen = steal_line(rows)
+    if stolen:
+        out += ["", stolen]
     table = summary(rows, direct)
     if table:
         out += ["", "Summary (added = latency added vs nginx direct at the same concurrency):", ""]
