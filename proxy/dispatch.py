@@ -514,22 +514,24 @@ class Dispatcher:
         outcome: Outcome,
     ) -> None:
         upstream, reply = committed.upstream, committed.reply
-        assert committed.rest is not None
+        rest = committed.rest
+        assert rest is not None
+        chunk: bytes | None = committed.first
+        # What is passed on as it comes, unless the provider's answer has already ended in
+        # full: then its last bytes go out with the stream's end, in one write instead of two.
+        pending = b""
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             outcome.first_byte_at = self._now()
-            # One event is about one token for a provider that reports no usage.
-            outcome.estimated_output_tokens += committed.first.count(b"\n\n") or 1
-            data = pipe.feed(committed.first)
-            if data:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            async for chunk in committed.rest:
+            while chunk is not None:
                 # One event is about one token for a provider that reports no usage.
                 outcome.estimated_output_tokens += chunk.count(b"\n\n") or 1
-                data = pipe.feed(chunk)
-                if data:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-            tail = pipe.finish()
+                pending += pipe.feed(chunk)
+                if pending and not reply.drained:
+                    await send({"type": "http.response.body", "body": pending, "more_body": True})
+                    pending = b""
+                chunk = await anext(rest, None)
+            tail = pending + pipe.finish()
             if pipe.errored:
                 # The provider said so in its stream (an error event, or an early end).
                 outcome.broke = True
@@ -543,7 +545,7 @@ class Dispatcher:
             error = ProxyError(
                 _failure_code(exc), "the provider's stream broke off before it finished"
             )
-            tail = stream_error(exchange.client, error)
+            tail = pending + stream_error(exchange.client, error)
         finally:
             reply.close()
         outcome.usage, outcome.served_model = pipe.usage, pipe.model

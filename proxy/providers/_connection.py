@@ -448,6 +448,10 @@ class Response:
         self._unread = 0
         return data
 
+    @property
+    def drained(self) -> bool:
+        return self.complete and not self._chunks
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives: what is there at each turn, in one piece."""
         self._streaming = True

@@ -49,6 +49,12 @@ class Reply(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
+    @property
+    def drained(self) -> bool:
+        """Whether `chunks` has yielded the whole body: the provider's answer has ended and
+        nothing of it is left to yield. A stream's last bytes then go out with its end."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -45,7 +45,7 @@ def _text(content: Any) -> str:
 
 
 class MockReply:
-    __slots__ = ("_body", "_events", "content_type", "retry_after", "status")
+    __slots__ = ("_body", "_events", "_left", "content_type", "retry_after", "status")
 
     def __init__(self, status: int, content_type: bytes, body: bytes, events: list[bytes]) -> None:
         self.status = status
@@ -53,12 +53,18 @@ class MockReply:
         self.retry_after: bytes | None = None
         self._body = body
         self._events = events
+        self._left = len(events)
 
     async def read(self) -> bytes:
         return self._body
 
+    @property
+    def drained(self) -> bool:
+        return self._left == 0
+
     async def chunks(self) -> AsyncIterator[bytes]:
         for event in self._events:
+            self._left -= 1
             yield event
 
     def close(self) -> None:

@@ -136,10 +136,13 @@ async def test_a_stream_whose_client_cannot_be_written_closes_the_providers_answ
         content_type = b"text/event-stream"
         retry_after = None
 
+        drained = False
+
         async def read(self) -> bytes:
             return b""
 
         async def chunks(self) -> AsyncIterator[bytes]:
+            self.drained = True
             yield b"data: {}\n\n"
 
         def close(self) -> None:
@@ -169,6 +172,8 @@ async def test_a_client_leaving_while_the_provider_is_quiet_ends_the_stream_as_c
         status = 200
         content_type = b"text/event-stream"
         retry_after = None
+
+        drained = False  # the provider never ends this answer
 
         def __init__(self) -> None:
             self._closed = asyncio.Event()
@@ -201,6 +206,78 @@ async def test_a_client_leaving_while_the_provider_is_quiet_ends_the_stream_as_c
     # One failure would have opened this breaker (threshold 1).
     assert breakers.states() == {"p": BreakerState.CLOSED}
     assert not any(m.get("more_body") is False for m in sent), "no tail after the client left"
+
+
+class _Scripted:
+    """A provider's streamed answer that ends where the test says: `drained` turns true as
+    its last chunk is handed over, as it does for a real answer that has arrived in full."""
+
+    status = 200
+    content_type = b"text/event-stream"
+    retry_after = None
+
+    def __init__(self, chunks: list[bytes], hold_before_last: asyncio.Event | None = None) -> None:
+        self._chunks = chunks
+        self._hold = hold_before_last
+        self.drained = False
+
+    async def read(self) -> bytes:
+        return b""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(self._chunks):
+            if i == len(self._chunks) - 1:
+                if self._hold is not None:
+                    await self._hold.wait()
+                self.drained = True
+            yield chunk
+
+    def close(self) -> None:
+        pass
+
+
+FIRST = b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+LAST = b'data: {"choices":[{"index":0,"delta":{"content":"lo"}}]}\n\ndata: [DONE]\n\n'
+
+
+async def test_the_last_bytes_of_an_ended_answer_go_out_with_the_streams_end() -> None:
+    """One write for the last events and the end of the stream, instead of two."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    breakers = Breakers(10, 30.0, 60.0, SystemClock())
+    outcome = await stream_through(_Scripted([FIRST, LAST]), send, receive, breakers)
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert [(m["body"], m["more_body"]) for m in bodies] == [(FIRST, True), (LAST, False)]
+    assert not outcome.cancelled and not outcome.broke
+
+
+async def test_a_chunk_is_not_held_while_the_providers_answer_goes_on() -> None:
+    """Chunks pass through as they come: only an answer that has ended gives its last bytes
+    to the end of the stream."""
+    sent: list[dict[str, Any]] = []
+    more = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message.get("body") == FIRST:
+            # The first chunk reached the client while the provider still had more to say.
+            more.set()
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    breakers = Breakers(10, 30.0, 60.0, SystemClock())
+    await stream_through(_Scripted([FIRST, LAST], hold_before_last=more), send, receive, breakers)
+    bodies = [(m["body"], m["more_body"]) for m in sent if m["type"] == "http.response.body"]
+    assert bodies == [(FIRST, True), (LAST, False)]
 
 
 async def stream_through(
