@@ -107,6 +107,22 @@ class Scripted:
             self.connection_closed.set()
 
 
+def chunked_in_two(server: Scripted) -> Answer:
+    """A chunked event stream: `data: `, then, once `server.release` is set, `one` and the end
+    of the answer in one write, as providers send their last bytes."""
+
+    async def answer(writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+        await writer.drain()
+        await server.release.wait()
+        writer.write(b"3\r\none\r\n0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return answer
+
+
 def client(read_s: float = 5.0, total_s: float = 30.0, **options: object) -> HttpClient:
     return HttpClient(
         Timeouts(connect_s=2, read_s=read_s, total_s=total_s),
@@ -187,17 +203,7 @@ async def test_a_chunked_answer_is_read_whole_and_streamed_as_it_arrives(
     http: HttpClient,
 ) -> None:
     async with Scripted() as server:
-
-        async def chunked(writer: asyncio.StreamWriter) -> bool:
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
-            writer.write(b"transfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
-            await writer.drain()
-            await server.release.wait()
-            writer.write(b"3\r\none\r\n0\r\n\r\n")
-            await writer.drain()
-            return True
-
-        server.answers += [chunked, chunked]
+        server.answers += [chunked_in_two(server), chunked_in_two(server)]
         reply = await http.post(server.url + "/x", BODY, {})
         assert reply.content_type == b"text/event-stream"
         chunks = reply.chunks()
@@ -208,6 +214,23 @@ async def test_a_chunked_answer_is_read_whole_and_streamed_as_it_arrives(
         reply = await http.post(server.url + "/x", BODY, {})
         assert await reply.read() == b"data: one"
     assert server.connections == 1
+
+
+async def test_a_streamed_answer_is_drained_only_after_its_provider_ended_it(
+    http: HttpClient,
+) -> None:
+    """`drained` says the last bytes yielded are the last there will be, and never while the
+    provider may still send more."""
+    async with Scripted() as server:
+        server.answers.append(chunked_in_two(server))
+        reply = await http.post(server.url + "/x", BODY, {})
+        chunks = reply.chunks()
+        assert await anext(chunks) == b"data: "
+        assert not reply.drained, "the provider has not ended its answer"
+        server.release.set()
+        assert await anext(chunks) == b"one"
+        assert reply.drained
+        assert [c async for c in chunks] == []
 
 
 async def test_an_answer_that_closes_the_connection_is_read_and_the_next_call_reconnects(
