@@ -209,7 +209,7 @@ class AuthCache:
             entry = await self._load(digest)
             return entry.runtime
         self.hits += 1
-        now = self._clock.now().timestamp()
+        now = self._clock.time()
         if entry.key_expires_at is not None and now >= entry.key_expires_at:
             self._evict(digest)
             raise self._expired(entry.runtime, now)
@@ -281,7 +281,7 @@ class AuthCache:
     def _entry(
         self, digest: str, resolution: ResolveKeyResponse, runtime: KeyRuntime, etag: str | None
     ) -> Entry:
-        now = self._clock.now().timestamp()
+        now = self._clock.time()
         resolved_until = unix_seconds(resolution.expires_at) or now
         return Entry(
             digest=digest,
@@ -360,17 +360,17 @@ class AuthCache:
             self._evict(entry.digest)
         except Unreachable as exc:
             log.warning("config refresh of key %s failed: %s", entry.runtime.vk_id, exc)
-            entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
+            entry.config_due = self._clock.time() + self._config_ttl_s
         except Exception:
             # The entry keeps serving what it has; the next refresh is due after the usual TTL.
             log.exception("config refresh of key %s failed", entry.runtime.vk_id)
-            entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
+            entry.config_due = self._clock.time() + self._config_ttl_s
         finally:
             entry.refreshing = False
 
     async def _refresh_once(self, entry: Entry) -> None:
         """Re-fetch the bundle (with its ETag) and, when due or asked, the resolution."""
-        now = self._clock.now().timestamp()
+        now = self._clock.time()
         config: Config | None = None
         if entry.must_resolve or now >= entry.resolved_until - RESOLVE_AHEAD_S:
             resolution = await self._control.resolve_key(entry.digest)
@@ -387,7 +387,7 @@ class AuthCache:
                 log, "config_refreshed", vk_id=entry.runtime.vk_id, revision=entry.runtime.revision
             )
             entry.etag = config.etag
-        entry.config_due = self._clock.now().timestamp() + self._config_ttl_s
+        entry.config_due = self._clock.time() + self._config_ttl_s
 
     def _compile(self, bundle: ConfigBundle) -> KeyRuntime:
         runtime = self._routes.compile(bundle)

@@ -129,7 +129,7 @@ def parse_retry_after(value: bytes | None, clock: Clock) -> float:
             if moment.tzinfo is None:  # "-0000": UTC by RFC 5322, not local time
                 moment = moment.replace(tzinfo=UTC)
             # An HTTP date is wall time; it becomes a delay, counted on the monotonic clock.
-            seconds = moment.timestamp() - clock.now().timestamp()
+            seconds = moment.timestamp() - clock.time()
         except (TypeError, ValueError, OverflowError):
             return 0.0
     if seconds != seconds or seconds <= 0:  # NaN or past

@@ -116,9 +116,7 @@ class ControlPlaneClient:
     ) -> httpx.Response:
         """One signed call; a network failure is `Unreachable`, any status is the caller's."""
         path = INTERNAL_PREFIX + path_and_query
-        signed = signing.signed_headers(
-            self._secret, method, path, body, self._clock.now().timestamp()
-        )
+        signed = signing.signed_headers(self._secret, method, path, body, self._clock.time())
         if body:
             signed["Content-Type"] = "application/json"
         try:

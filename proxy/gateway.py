@@ -452,7 +452,7 @@ class Gateway:
             stream=stream,
             client_wants_usage=wants_usage,
             with_usage=with_usage,
-            created=int(self._clock.now().timestamp()),
+            created=int(self._clock.time()),
         )
         cap = fields.max_completion_tokens or fields.max_tokens
         return Prepared(
@@ -479,7 +479,7 @@ class Gateway:
             stream=bool(fields.stream),
             client_wants_usage=True,
             with_usage=body,
-            created=int(self._clock.now().timestamp()),
+            created=int(self._clock.time()),
             same_format_headers=same_format,
         )
         user = fields.metadata.user_id if fields.metadata is not None else None

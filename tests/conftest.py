@@ -131,9 +131,7 @@ class Internal:
         headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         raw = b"" if body is None else json.dumps(body).encode()
-        signed = signing.signed_headers(
-            self.secret, method, path_and_query, raw, self.clock.now().timestamp()
-        )
+        signed = signing.signed_headers(self.secret, method, path_and_query, raw, self.clock.time())
         return await self.client.request(
             method,
             path_and_query,
@@ -258,7 +256,5 @@ def parked(waking_app: Litestar, monkeypatch: pytest.MonkeyPatch) -> asyncio.Que
 async def signed_get(
     client: httpx.AsyncClient, clock: ManualClock, path_and_query: str
 ) -> httpx.Response:
-    headers = signing.signed_headers(
-        INTERNAL_SECRET, "GET", path_and_query, b"", clock.now().timestamp()
-    )
+    headers = signing.signed_headers(INTERNAL_SECRET, "GET", path_and_query, b"", clock.time())
     return await client.get(path_and_query, headers=headers)

@@ -109,9 +109,7 @@ async def test_a_body_without_a_key_sha256_string_is_422(
 
 async def test_a_body_that_is_not_json_is_400(internal: Internal, world: World) -> None:
     raw = b"key_sha256=" + key_sha256(world.key).encode()
-    headers = signing.signed_headers(
-        internal.secret, "POST", RESOLVE, raw, internal.clock.now().timestamp()
-    )
+    headers = signing.signed_headers(internal.secret, "POST", RESOLVE, raw, internal.clock.time())
     response = await internal.client.post(
         RESOLVE, content=raw, headers={**headers, "content-type": "application/json"}
     )

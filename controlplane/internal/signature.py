@@ -41,7 +41,7 @@ async def require_signature(
             body,
             connection.headers.get(signing.TIMESTAMP_HEADER),
             connection.headers.get(signing.SIGNATURE_HEADER),
-            state.clock.now().timestamp(),
+            state.clock.time(),
         )
 
     # Missing, malformed and stale headers are refused before the body is read: a spend segment

@@ -454,7 +454,7 @@ class BudgetGuard:
                 if start:
                     await asyncio.sleep(0)  # requests waiting go first
                 chunk = entries[start : start + LEDGERED_CHUNK]
-                await self._counters.ledgered(chunk, self._clock.now().timestamp())
+                await self._counters.ledgered(chunk, self._clock.time())
                 moved += len(chunk)
         except Exception:
             # They lapse after HOLD_S: counted twice until then, which only errs on the safe side.

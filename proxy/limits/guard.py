@@ -156,7 +156,7 @@ class Governor:
             ask.buckets if ask is not None else _NO_BUDGETS,
             costs,
             HOLD_S,
-            self._clock.now().timestamp(),
+            self._clock.time(),
         )
         if ask is not None:
             if record is not None and not record.seq:

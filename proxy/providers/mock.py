@@ -131,7 +131,7 @@ class MockProvider:
         # Every choice is generated, and paid for.
         completion_tokens = n * (count_tokens(content) if tool_call is None else 5)
         ident = "chatcmpl-mock-" + hashlib.sha256(body).hexdigest()[:24]
-        created = int(self._clock.now().timestamp())
+        created = int(self._clock.time())
         model = request.get("model", "mock")
         usage = {
             "prompt_tokens": prompt_tokens,

@@ -26,6 +26,9 @@ class SteppedClock:
     def now(self) -> datetime:
         return self._now
 
+    def time(self) -> float:
+        return self._now.timestamp()
+
     def monotonic(self) -> float:
         return self._monotonic
 

@@ -392,7 +392,7 @@ def _unsigned_or_elsewhere(request: httpx.Request, clock: SteppedClock) -> httpx
         request.content,
         request.headers.get(signing.TIMESTAMP_HEADER),
         request.headers.get(signing.SIGNATURE_HEADER),
-        clock.now().timestamp(),
+        clock.time(),
     )
     if problem is not None:
         return httpx.Response(401, json={"error": {"code": "bad_signature", "message": ""}})

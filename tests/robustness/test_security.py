@@ -565,7 +565,7 @@ async def test_a_signature_for_one_keys_bundle_does_not_fetch_another(
         "GET",
         f"/api/internal/gateway/config/{scoped.a.key_id}",
         b"",
-        clock.now().timestamp(),
+        clock.time(),
     )
     own = await client.get(f"/api/internal/gateway/config/{scoped.a.key_id}", headers=signed_for_a)
     assert own.status_code == 200
@@ -605,7 +605,7 @@ def signed_upload(
 ) -> dict[str, str]:
     """The headers a proxy sends the spend segment `body` with, signed with `secret` `ago_s`
     seconds ago."""
-    at = clock.now().timestamp() - ago_s
+    at = clock.time() - ago_s
     headers = signing.signed_headers(secret, "POST", SPEND_COMMANDS, body, at)
     return {**headers, "content-type": "application/json"}
 

@@ -16,6 +16,9 @@ class ManualClock:
     def now(self) -> datetime:
         return self._now
 
+    def time(self) -> float:
+        return self._now.timestamp()
+
     def monotonic(self) -> float:
         base = time.monotonic() if self._frozen_at is None else self._frozen_at
         return base + self._ahead

@@ -154,9 +154,7 @@ async def ship(
         headers["content-encoding"] = encoding
         if not isinstance(body, bytes):
             raw = gzip.compress(raw)
-    signed = signing.signed_headers(
-        INTERNAL_SECRET, "POST", SPEND_COMMANDS, raw, clock.now().timestamp()
-    )
+    signed = signing.signed_headers(INTERNAL_SECRET, "POST", SPEND_COMMANDS, raw, clock.time())
     return await client.post(SPEND_COMMANDS, content=raw, headers={**signed, **headers})
 
 

@@ -147,7 +147,7 @@ def _proxy_side(config: Configuration, scope: Scope, clock: Clock) -> list[Resul
             skipped("metrics address", why),
         ]
     try:
-        backlog = survey_spool(proxy.spool_dir, clock.now().timestamp())
+        backlog = survey_spool(proxy.spool_dir, clock.time())
         waiting = check_spool_backlog(backlog)
     except Exception as exc:  # one broken check must not cost the report the others
         backlog, waiting = Backlog(), incomplete("spool backlog", exc)
