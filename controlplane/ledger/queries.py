@@ -118,8 +118,10 @@ def spend(organization_id: str, filters: Sequence[SpendFilter]) -> Query:
     Budgets' windows are whole UTC days, so the daily sums (`ledger_spend_daily`) give their
     spend without reading the rows they sum. They hold what was ingested from `since` on (see
     migrations/clickhouse/0002_spend_daily.sql); what came before is read from the ledger
-    itself, a part that ends a day after `since` and so stops growing. A window that does not
-    start or end at midnight is refused.
+    itself, a part that ends a day after `since` and so stops growing. Within that day, the
+    granules ingested after `since` are skipped by their `ingested_at` range (the index of
+    migrations/clickhouse/0003_ingested_at_index.sql), not read and merged. A window that does
+    not start or end at midnight is refused.
     """
     parameters: dict[str, Any] = {"org": organization_id}
     sums = []
