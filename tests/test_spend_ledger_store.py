@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -198,7 +199,7 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
             SpendFilter(start=day + timedelta(days=1), end=day + timedelta(days=2)),
             SpendFilter(),
         ]
-        assert await ledger.spend(org, windows) == [1453, 1403, 9, 1462]
+        assert (await ledger.spend(org, windows, AT)).nanos == [1453, 1403, 9, 1462]
         assert summed_daily() == 59
 
         # The file run again, as after a failure half-way: nothing is counted twice.
@@ -208,7 +209,46 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
                 client.command(statement)
         finally:
             client.close()
-        assert await ledger.spend(org, windows) == [1453, 1403, 9, 1462]
+        assert (await ledger.spend(org, windows, AT)).nanos == [1453, 1403, 9, 1462]
+    finally:
+        await ledger.close()
+
+
+async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
+    fresh_database: LedgerLocation,
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    window = [SpendFilter(start=day, end=day + timedelta(days=1))]
+    reads = 0
+    read = ledger._read_spend
+
+    async def counted(organization_id: str, filters: Sequence[SpendFilter]) -> list[int]:
+        nonlocal reads
+        reads += 1
+        return await read(organization_id, filters)
+
+    ledger._read_spend = counted  # type: ignore[method-assign]
+    try:
+        await ledger.write([_priced(org, day, 700)], [], AT)
+        first, second, other = await asyncio.gather(
+            ledger.spend(org, window, AT),
+            ledger.spend(org, window, AT + timedelta(seconds=1)),
+            ledger.spend(org, [SpendFilter(start=day, end=day + timedelta(days=2))], AT),
+        )
+        assert reads == 2  # the two alike shared one; the other window read on its own
+        assert first.nanos == second.nanos == other.nanos == [700]
+        # The later caller joined a read that may have begun before its moment: its reading
+        # is as of the first caller's.
+        assert first.as_of == second.as_of == AT
+
+        # Once a read is over, the next is a read of its own: nothing is kept.
+        await ledger.write([_priced(org, day, 50)], [], AT)
+        after = await ledger.spend(org, window, AT + timedelta(seconds=2))
+        assert after.nanos == [750]
+        assert after.as_of == AT + timedelta(seconds=2)
+        assert reads == 3
     finally:
         await ledger.close()
 

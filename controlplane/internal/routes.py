@@ -126,7 +126,7 @@ async def _sent(
     """The bundle as sent, its budgets' spend read from the ledger, and its ETag; and the
     bundle's JSON when that is what is sent (no budgets), already encoded for the ETag."""
     # Read after the transaction: no database connection is held while the ledger answers.
-    counted = await spend.with_spend(vk.ledger, built, now)
+    counted, as_of = await spend.with_spend(vk.ledger, built, now)
     # The ETag changes only when the bundle or a budget's spend does, not with the time the
     # spend was read: a proxy keeping an older reading only counts more conservatively.
     tagged = msgspec.json.encode(counted)
@@ -134,7 +134,7 @@ async def _sent(
     digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
     etag = f'"{digest[:32]}"'
     if counted.budgets:
-        return spend.read_at(counted, now), etag, None
+        return spend.read_at(counted, as_of), etag, None
     return counted, etag, tagged
 
 

@@ -35,6 +35,14 @@ ADMIT_TABLE = "ledger_admits"
 
 
 @dataclass(frozen=True, slots=True)
+class SpendReading:
+    nanos: list[int]
+    """Nano-USD spent under each filter, in order."""
+    as_of: datetime
+    """No later than the read began: what the ledger held by then is counted."""
+
+
+@dataclass(frozen=True, slots=True)
 class Written:
     """What one write added, and what the ledger already held."""
 
@@ -55,6 +63,7 @@ class Ledger:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vkgate-ledger")
         self._closed = False
         self._ping: asyncio.Future[None] | None = None
+        self._spend_reads: dict[tuple[str, tuple[queries.SpendFilter, ...]], _SharedRead] = {}
 
     async def _run(self, work: Callable[[Any], T]) -> T:
         if self._closed:
@@ -137,11 +146,32 @@ class Ledger:
         return await self._run(work)
 
     async def spend(
+        self, organization_id: str, filters: Sequence[queries.SpendFilter], as_of: datetime
+    ) -> SpendReading:
+        """Nano-USD spent under each filter, read no earlier than `as_of`.
+
+        A read asked while the same one is under way shares it: a spend announcement has every
+        proxy fetch its bundle at once, and each fetch would otherwise queue a read of its own
+        behind the others on the ledger's one thread. The shared reading's `as_of` is the
+        earlier of the two moments, so it never claims spend it may not hold.
+        """
+        if not filters:
+            return SpendReading([], as_of)
+        key = (organization_id, tuple(filters))
+        shared = self._spend_reads.get(key)
+        if shared is None:
+            shared = self._spend_reads[key] = _SharedRead(
+                asyncio.ensure_future(self._read_spend(organization_id, filters)), as_of
+            )
+            shared.future.add_done_callback(lambda _: self._spend_reads.pop(key, None))
+            # Retrieved here too, for a read whose callers all gave up waiting.
+            shared.future.add_done_callback(_consume)
+        nanos = await asyncio.shield(shared.future)
+        return SpendReading(nanos, min(as_of, shared.as_of))
+
+    async def _read_spend(
         self, organization_id: str, filters: Sequence[queries.SpendFilter]
     ) -> list[int]:
-        """Nano-USD spent under each filter, in order."""
-        if not filters:
-            return []
         query = queries.spend(organization_id, filters)
 
         def work(client: Any) -> list[int]:
@@ -172,6 +202,13 @@ class Ledger:
         return await self._run(work)
 
 
+@dataclass(frozen=True, slots=True)
+class _SharedRead:
+    future: asyncio.Future[list[int]]
+    as_of: datetime
+    """The moment its first caller took before asking."""
+
+
 def _present(
     client: Any, table: str, entries: Sequence[Entry], *, by_organization: bool
 ) -> set[str]:
@@ -200,7 +237,7 @@ def _select_one(client: Any) -> None:
     client.command("SELECT 1")
 
 
-def _consume(future: asyncio.Future[None]) -> None:
+def _consume(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 

@@ -149,8 +149,12 @@ async def _announce(tx: Tx, moved: Sequence[PricedEntry]) -> int:
     return appended
 
 
-async def with_spend(ledger: Ledger, bundle: ConfigBundle, now: datetime) -> ConfigBundle:
-    """The bundle with each budget's spend in its current window, read in one ledger query.
+async def with_spend(
+    ledger: Ledger, bundle: ConfigBundle, now: datetime
+) -> tuple[ConfigBundle, datetime]:
+    """The bundle with each budget's spend in its current window, read in one ledger query,
+    and the moment that spend was read as of (`now`, or earlier for a read shared with an
+    earlier caller: see `Ledger.spend`).
 
     A per-end-user budget (end_user scope without an id) has one bucket per end user: its
     `spent_usd` stays 0 here, and the proxy asks `budget-bucket-spend` for the bucket it needs.
@@ -161,7 +165,7 @@ async def with_spend(ledger: Ledger, bundle: ConfigBundle, now: datetime) -> Con
         if not (state.scope_kind == "end_user" and state.scope_id is None)
     ]
     if not counted:
-        return bundle
+        return bundle, now
     filters = [
         budgets.spend_filter(
             scope_kind=state.scope_kind,
@@ -172,11 +176,11 @@ async def with_spend(ledger: Ledger, bundle: ConfigBundle, now: datetime) -> Con
         )
         for _, state in counted
     ]
-    spent = await ledger.spend(bundle.organization_id, filters)
+    reading = await ledger.spend(bundle.organization_id, filters, now)
     states: list[BudgetState] = list(bundle.budgets)
-    for (i, state), nanos in zip(counted, spent, strict=True):
+    for (i, state), nanos in zip(counted, reading.nanos, strict=True):
         states[i] = msgspec.structs.replace(state, spent_usd=nanos_to_usd(nanos))
-    return msgspec.structs.replace(bundle, budgets=states)
+    return msgspec.structs.replace(bundle, budgets=states), reading.as_of
 
 
 def read_at(bundle: ConfigBundle, moment: datetime) -> ConfigBundle:
@@ -218,12 +222,13 @@ async def bucket_spend(
         now=now,
         end_user=end_user,
     )
-    (nanos,) = await ledger.spend(budget.organization_id, [wanted])
+    reading = await ledger.spend(budget.organization_id, [wanted], now)
+    (nanos,) = reading.nanos
     return BudgetBucketSpend(
         budget_id=budget.id,
         end_user=end_user,
         spent_usd=nanos_to_usd(nanos),
         window_start=rfc3339(wanted.start) if wanted.start else None,
-        as_of=rfc3339(now),
+        as_of=rfc3339(reading.as_of),
         window_end=rfc3339(wanted.end) if wanted.end else None,
     )
