@@ -20,7 +20,7 @@ from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.ledger import migrate
 from controlplane.ledger.client import LedgerError, connect
-from controlplane.ledger.queries import SpendFilter
+from controlplane.ledger.queries import SINCE, SpendFilter
 from controlplane.ledger.queries import spend as spend_query
 from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS, Entry, Price, PricedEntry
 from controlplane.ledger.store import Ledger
@@ -199,7 +199,7 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
             SpendFilter(start=day + timedelta(days=1), end=day + timedelta(days=2)),
             SpendFilter(),
         ]
-        assert (await ledger.spend(org, windows, AT)).nanos == [1453, 1403, 9, 1462]
+        assert (await ledger.spend(org, windows, AT)).nanos == (1453, 1403, 9, 1462)
         assert summed_daily() == 59
 
         # The file run again, as after a failure half-way: nothing is counted twice.
@@ -209,7 +209,7 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
                 client.command(statement)
         finally:
             client.close()
-        assert (await ledger.spend(org, windows, AT)).nanos == [1453, 1403, 9, 1462]
+        assert (await ledger.spend(org, windows, AT)).nanos == (1453, 1403, 9, 1462)
     finally:
         await ledger.close()
 
@@ -224,7 +224,7 @@ async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
     reads = 0
     read = ledger._read_spend
 
-    async def counted(organization_id: str, filters: Sequence[SpendFilter]) -> list[int]:
+    async def counted(organization_id: str, filters: Sequence[SpendFilter]) -> tuple[int, ...]:
         nonlocal reads
         reads += 1
         return await read(organization_id, filters)
@@ -238,7 +238,7 @@ async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
             ledger.spend(org, [SpendFilter(start=day, end=day + timedelta(days=2))], AT),
         )
         assert reads == 2  # the two alike shared one; the other window read on its own
-        assert first.nanos == second.nanos == other.nanos == [700]
+        assert first.nanos == second.nanos == other.nanos == (700,)
         # The later caller joined a read that may have begun before its moment: its reading
         # is as of the first caller's.
         assert first.as_of == second.as_of == AT
@@ -246,7 +246,7 @@ async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
         # Once a read is over, the next is a read of its own: nothing is kept.
         await ledger.write([_priced(org, day, 50)], [], AT)
         after = await ledger.spend(org, window, AT + timedelta(seconds=2))
-        assert after.nanos == [750]
+        assert after.nanos == (750,)
         assert after.as_of == AT + timedelta(seconds=2)
         assert reads == 3
     finally:
@@ -276,12 +276,11 @@ def test_a_first_day_spend_read_skips_the_rows_ingested_after_the_sums_began(
         # Ingested in the minute before the daily sums began: only the ledger's part counts it.
         insert(client, 1, "toDateTime64('2026-03-10 01:00:00', 6, 'UTC')", "now64(6)", 5)
         # A first day's rows, ingested after: the daily sums count them.
-        since = "(SELECT min(since) FROM ledger_spend_daily_since)"
         insert(
             client,
             later,
             "toDateTime64('2026-03-10 02:00:00', 6, 'UTC') + toIntervalMillisecond(number)",
-            f"{since} + toIntervalSecond(1)",
+            f"{SINCE} + toIntervalSecond(1)",
             1,
         )
         read = spend_query(org, [SpendFilter(start=day, end=day + timedelta(days=1))])

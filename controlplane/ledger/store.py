@@ -36,8 +36,9 @@ ADMIT_TABLE = "ledger_admits"
 
 @dataclass(frozen=True, slots=True)
 class SpendReading:
-    nanos: list[int]
-    """Nano-USD spent under each filter, in order."""
+    nanos: tuple[int, ...]
+    """Nano-USD spent under each filter, in order (one tuple for every caller of a shared
+    read, so none can change another's)."""
     as_of: datetime
     """No later than the read began: what the ledger held by then is counted."""
 
@@ -156,7 +157,7 @@ class Ledger:
         earlier of the two moments, so it never claims spend it may not hold.
         """
         if not filters:
-            return SpendReading([], as_of)
+            return SpendReading((), as_of)
         key = (organization_id, tuple(filters))
         shared = self._spend_reads.get(key)
         if shared is None:
@@ -171,12 +172,12 @@ class Ledger:
 
     async def _read_spend(
         self, organization_id: str, filters: Sequence[queries.SpendFilter]
-    ) -> list[int]:
+    ) -> tuple[int, ...]:
         query = queries.spend(organization_id, filters)
 
-        def work(client: Any) -> list[int]:
+        def work(client: Any) -> tuple[int, ...]:
             result = client.query(query.sql, parameters=query.parameters)
-            return [int(v or 0) for v in result.result_rows[0]]
+            return tuple(int(v or 0) for v in result.result_rows[0])
 
         return await self._run(work)
 
@@ -204,7 +205,7 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class _SharedRead:
-    future: asyncio.Future[list[int]]
+    future: asyncio.Future[tuple[int, ...]]
     as_of: datetime
     """The moment its first caller took before asking."""
 
