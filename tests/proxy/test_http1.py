@@ -7,9 +7,12 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from proxy import http1_cycle
 from proxy.asgi import ON_DISCONNECT, Scope, Watch
 from proxy.http1 import OneWriteHttpToolsProtocol, _OneWrite
 from proxy.main import HTTP_OPTIONS
@@ -130,3 +133,78 @@ async def test_answers_over_one_connection_arrive_whole_and_in_order(
             assert (await http.get("/healthz")).json() == {"status": "ok"}
             answer = await http.post("/v1/nope", json={})
             assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+
+
+# --- the answer's head ------------------------------------------------------------------------
+
+JSON_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"x-request-id", b"abc"),
+    (b"x-ratelimit-reset-requests", b"1ms"),
+    (b"content-length", b"2"),
+]
+HEADS = [
+    # (request line, status, answer headers, body, made by the proxy rather than uvicorn)
+    ("POST /v1/chat/completions HTTP/1.1", 200, JSON_HEADERS, b"{}", True),
+    ("GET /x HTTP/1.1", 200, [(b"content-type", b"text/event-stream")], b"data: 1\n\n", True),
+    ("GET /x HTTP/1.0", 200, [(b"content-length", b"2")], b"ok", True),
+    ("HEAD /x HTTP/1.1", 200, [(b"content-length", b"2")], b"", True),
+    ("HEAD /x HTTP/1.1", 200, [], b"", False),  # no header at all (the server's date is off)
+    ("DELETE /x HTTP/1.1", 204, [(b"x-a", b"tab\there, and obs-text \xe9")], b"", True),
+    ("GET /x HTTP/1.1", 304, [(b"etag", b'"x"')], b"", True),
+    ("GET /x HTTP/1.1", 413, [(b"content-length", b"2"), (b"connection", b"close")], b"{}", False),
+    ("GET /x HTTP/1.1", 200, [(b"Content-Length", b"2"), (b"X-Upper", b"a")], b"ok", False),
+    ("GET /x HTTP/1.1", 200, [(b"transfer-encoding", b"chunked")], b"ok", False),
+    # Heads that cannot be sent: not a byte of them is.
+    (
+        "GET /x HTTP/1.1",
+        200,
+        [(b"x-bad", b"a\r\nset-cookie: b"), (b"content-length", b"2")],
+        b"ok",
+        False,
+    ),
+    ("GET /x HTTP/1.1", 200, [(b"x bad", b"a"), (b"content-length", b"2")], b"ok", False),
+    ("GET /x HTTP/1.1", 200, [(b"x-nul", b"a\x00")], b"ok", False),
+]
+
+
+async def _answered(
+    protocol_class: type[Any], request: str, status: int, headers: Any, body: bytes
+) -> Recorder:
+    """What a connection of `protocol_class` writes when its app answers `request` so."""
+
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+        await send({"type": "http.response.body", "body": body})
+
+    options = {**HTTP_OPTIONS, "http": protocol_class}
+    config = uvicorn.Config(app, lifespan="off", log_level="critical", access_log=False, **options)
+    config.load()
+    recorder = Recorder()
+    connection = protocol_class(config, ServerState(), {})
+    connection.connection_made(recorder)
+    connection.data_received(f"{request}\r\nhost: a\r\n\r\n".encode())
+    for _ in range(3):  # the app's task runs, and a held write goes out
+        await asyncio.sleep(0)
+    return recorder
+
+
+async def test_an_answers_head_is_written_as_uvicorn_writes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    to_uvicorn: list[str] = []
+
+    async def uvicorn_send(cycle: Any, message: Any) -> None:
+        to_uvicorn.append(message["type"])
+        await uvicorn_send_itself(cycle, message)
+
+    uvicorn_send_itself = http1_cycle._uvicorn_send
+    monkeypatch.setattr(http1_cycle, "_uvicorn_send", uvicorn_send)
+    for request, status, headers, body, made_here in HEADS:
+        expected = await _answered(HttpToolsProtocol, request, status, headers, body)
+        to_uvicorn.clear()
+        found = await _answered(OneWriteHttpToolsProtocol, request, status, headers, body)
+        assert b"".join(found.writes) == b"".join(expected.writes), request
+        assert found.closed == expected.closed, request
+        assert ("http.response.start" not in to_uvicorn) == made_here, (request, headers)
+    assert not found.writes and found.closed  # the last: a NUL in a value
