@@ -24,7 +24,7 @@ DEFAULT_READ_TIMEOUT_S = 60.0
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
     """What one client request may cost the server before the app sees it whole (enforced by
-    the server's protocol, proxy/http1.py)."""
+    the server's protocol, proxy/http1/)."""
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     """The request line and headers together."""

@@ -1,4 +1,4 @@
-"""uvicorn's HTTP/1.1 protocol: each answer's head and body in one write, and bounded clients.
+"""The proxy's HTTP/1.1 protocol: each answer's head and body in one write, and bounded clients.
 
 uvicorn writes an answer's status line and headers as soon as the app sends
 `http.response.start`, then its body in a second write: two system calls and two TCP segments
@@ -10,8 +10,10 @@ Measured: four write system calls per proxied request instead of five (strace ov
 requests), and about 9 % less proxy CPU per request at c=16 (5 interleaved runs: 440-467 µs
 before, 396-425 µs after).
 
-Each request's cycle is `proxy.http1_cycle.RequestCycle`, which makes a common answer head in
-a few calls instead of uvicorn's loop of two regular-expression searches per header.
+The parser's callbacks and each request's cycle (`proxy.http1._cycle.RequestCycle`, the ASGI
+`receive` and `send`) are the proxy's own, with uvicorn's behaviour at a fraction of its cost;
+uvicorn's server still runs the connections (its workers, lifespan, keep-alive timer, graceful
+shutdown).
 
 uvicorn bounds neither a request's head (httptools buffers a header of any size) nor the time
 a request takes to arrive (its keep-alive timer runs only between requests): a client could
@@ -26,118 +28,38 @@ and closes those it found waiting for the same part the time before.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
-import weakref
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.asgi import ON_DISCONNECT
 from proxy.errors import ProxyError
-from proxy.http1_cycle import RequestCycle
+from proxy.http1._cycle import RequestCycle
+from proxy.http1._transport import OneWrite, deadlines_of
 from proxy.settings import ClientLimits
 from vkgate.errors import ErrorCode
-
-
-class _OneWrite:
-    """A transport that holds one write until the next write or the loop's next turn."""
-
-    __slots__ = ("_held", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        held = self._held
-        if held is None:
-            self._held = bytes(data)
-            self._loop.call_soon(self._flush)
-            return
-        self._held = None
-        # Both buffers in one system call (writev), the body not copied.
-        self._transport.writelines((held, data))
-
-    def writelines(self, data: Iterable[bytes]) -> None:
-        self.write(b"".join(data))
-
-    def _flush(self) -> None:
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._held = None
-        self._transport.abort()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + len(self._held or b"")
-
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (is_closing, get_extra_info, pause_reading, …) is the transport's.
-        return getattr(self._transport, name)
-
-
-class _ReadDeadlines:
-    """One timer for every connection of a loop: each sweep closes the connections it found
-    waiting for the same part of a request at the previous sweep, so none waits for one much
-    longer than two intervals."""
-
-    def __init__(self, interval_s: float) -> None:
-        # Not the loop itself: this is the value of a weak mapping keyed by the loop.
-        self._interval_s = interval_s
-        self._watched: set[OneWriteHttpToolsProtocol] = set()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def watch(self, connection: OneWriteHttpToolsProtocol) -> None:
-        self._watched.add(connection)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._interval_s, self._sweep)
-
-    def forget(self, connection: OneWriteHttpToolsProtocol) -> None:
-        self._watched.discard(connection)
-
-    def _sweep(self) -> None:
-        self._timer = None
-        for connection in [c for c in self._watched if c.overdue()]:
-            connection.cut_slow_client()
-        if self._watched:
-            self._timer = asyncio.get_running_loop().call_later(self._interval_s, self._sweep)
-
-
-_deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ReadDeadlines] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _deadlines_of(loop: asyncio.AbstractEventLoop, interval_s: float) -> _ReadDeadlines:
-    deadlines = _deadlines.get(loop)
-    if deadlines is None or deadlines._interval_s != interval_s:
-        deadlines = _deadlines[loop] = _ReadDeadlines(interval_s)
-    return deadlines
-
 
 _REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
 
 
 class OneWriteHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over `_OneWrite` (`http=` of uvicorn's config), with the
-    head size and read time of each request bounded by the app's `client_limits`.
+    """uvicorn's httptools protocol over `OneWrite` (`http=` of uvicorn's config) with the
+    proxy's own request cycle, and the head size and read time of each request bounded by the
+    app's `client_limits`.
 
-    Neither bound adds a call to a request: what the connection is reading is found from
-    uvicorn's own state (its current request cycle, its keep-alive timer), by the sweep.
+    Neither bound adds a call to a request: what the connection is reading is found from its
+    state (its current request cycle, its keep-alive timer), by the sweep.
     """
+
+    cycle: RequestCycle  # type: ignore[assignment]
+    pipeline: deque[RequestCycle]  # type: ignore[assignment]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -145,7 +67,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         if not isinstance(limits, ClientLimits):
             limits = ClientLimits()
         self._max_head = limits.max_header_bytes
-        self._deadlines = _deadlines_of(self.loop, limits.read_timeout_s)
+        self._deadlines = deadlines_of(self.loop, limits.read_timeout_s)
         self._head_bytes = 0
         """Bytes of a head that has not yet ended (request line and headers)."""
         self._seen_reading: object = None
@@ -156,27 +78,123 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.transport = _OneWrite(transport, self.loop)  # type: ignore[assignment]
+        self.transport = OneWrite(transport, self.loop)  # type: ignore[assignment]
         self._deadlines.watch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadlines.forget(self)
         self._lost = True
-        super().connection_lost(exc)
+        self.connections.discard(self)
+        cycle = self.cycle
+        if cycle is not None:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+            cycle.wake()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+            self._unset_keepalive_if_required()
+        self.parser = None  # type: ignore[assignment]
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             on_lost()
 
+    # The parser's callbacks, one request at a time (httptools calls them from feed_data).
+
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.scope["extensions"] = {ON_DISCONNECT: {"watch": self._watch}}
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self.scope = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+            "extensions": {ON_DISCONNECT: {"watch": self._watch}},
+        }
 
     def on_headers_complete(self) -> None:
-        super().on_headers_complete()
+        parser = self.parser
+        scope: Any = self.scope
+        version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if version != "1.1":
+            scope["http_version"] = version
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        root = self.root_path
+        scope["path"] = root + path
+        scope["raw_path"] = root.encode("ascii") + raw_path if root else raw_path
+        scope["query_string"] = url.query or b""
+        previous = self.cycle
+        cycle = self.cycle = RequestCycle(
+            self,
+            scope,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            expect_100_continue=self.expect_100_continue,
+        )
+        if previous is None or previous.response_complete:
+            self._run(cycle)
+        else:
+            # A pipelined request waits for the answer before it.
+            self.flow.pause_reading()
+            self.pipeline.appendleft(cycle)
+
+    def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if type(cycle) is not RequestCycle and cycle is not None:
-            # uvicorn made its own cycle: ours adds no state, only a faster answer head.
-            cycle.__class__ = RequestCycle
+        if cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.wake()
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if cycle.response_complete:
+            return
+        cycle.more_body = False
+        cycle.wake()
+
+    def on_response_complete(self) -> None:
+        """The answer's last byte is written: the next pipelined request, or the keep-alive
+        timer."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            self._run(self.pipeline.pop())
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    def _run(self, cycle: RequestCycle) -> None:
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency
+            or len(self.tasks) >= self.limit_concurrency
+        ):
+            app: Any = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        else:
+            app = self.app
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(cycle.run(app), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(cycle.run(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def _watch(self, callback: Callable[[], None] | None) -> None:
         """`ON_DISCONNECT`: `callback()` once the connection is lost (at once if it already
