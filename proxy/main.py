@@ -16,7 +16,8 @@ from vkgate.malloc import return_large_blocks
 
 FACTORY = "proxy.main:from_environment"
 HTTP_OPTIONS: dict[str, Any] = {
-    # httptools, with each answer's head and body in one write (proxy/http1/).
+    # httptools under the proxy's own request cycle, each answer's head and body in one write
+    # (proxy/http1/).
     "http": OneWriteHttpToolsProtocol,
     # The proxy serves no WebSocket: an Upgrade header is answered as plain HTTP.
     "ws": "none",

@@ -14,8 +14,8 @@ per answer header (24 for a governed answer). Here, with 134,600 for the same tr
   name must be an RFC 9110 token and every value free of control characters but tab, as
   uvicorn asks, but by two `bytes.translate` calls instead of a search per header;
 - the head of an answer of known length is written with the body's first bytes, in one system
-  call; a streamed answer's head goes out at once (held by `proxy.http1._transport.OneWrite` only until
-  the event loop's next turn);
+  call; a streamed answer's head goes out at once (held by `_transport.OneWrite` only until the
+  event loop's next turn);
 - the rest is uvicorn's behaviour, pinned against it by tests/proxy/test_http1.py: a length or
   a chunked encoding for the body, HEAD and 204/304 without one, `connection: close` when the
   connection will not be kept, `100 Continue` when the client waits for it, a 500 for an app
@@ -234,10 +234,13 @@ class RequestCycle:
         if lowered != joined:
             names = tuple(lowered.split(b"\n"))
             headers = list(zip(names, values, strict=True))
-        if 0 in lowered.translate(_TOKEN) or 0 in b"".join(values).translate(_VALUE):
+        if names and (
+            0 in lowered.translate(_TOKEN)
+            or lowered.count(b"\n") != len(names) - 1  # a newline inside a name
+            or not all(names)
+            or 0 in b"".join(values).translate(_VALUE)
+        ):
             raise RuntimeError(_invalid(names, values))
-        if not all(names):
-            raise RuntimeError("Invalid HTTP header name: empty.")
         closes = False
         framing = _FRAMING.intersection(names)
         if framing == _LENGTH_ONLY:
@@ -279,7 +282,7 @@ class RequestCycle:
 def _invalid(names: tuple[bytes, ...], values: tuple[bytes, ...]) -> str:
     """Which header of an answer cannot be sent, for the error."""
     for name, value in zip(names, values, strict=True):
-        if 0 in (name + b"\n").translate(_TOKEN) or b"\n" in name:
+        if not name or b"\n" in name or 0 in name.translate(_TOKEN):
             return f"Invalid HTTP header name: {name!r}."
         if 0 in value.translate(_VALUE):
             return f"Invalid HTTP header value in {name.decode('latin-1')!r}."

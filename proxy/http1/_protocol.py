@@ -28,7 +28,6 @@ and closes those it found waiting for the same part the time before.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import os
 from collections import deque
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import httptools
-from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.asgi import ON_DISCONNECT
@@ -63,6 +62,13 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.limit_concurrency is not None or self.config.reset_contextvars:
+            # Neither is set by `vkgate proxy`: the gateway bounds its requests in flight itself
+            # (VKGATE_MAX_IN_FLIGHT), and each request's task starts from the server's context.
+            raise ValueError(
+                "the proxy's HTTP/1.1 protocol takes neither uvicorn's limit_concurrency nor "
+                "reset_contextvars"
+            )
         limits = getattr(self.app, "client_limits", None)
         if not isinstance(limits, ClientLimits):
             limits = ClientLimits()
@@ -181,18 +187,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
             )
 
     def _run(self, cycle: RequestCycle) -> None:
-        if self.limit_concurrency is not None and (
-            len(self.connections) >= self.limit_concurrency
-            or len(self.tasks) >= self.limit_concurrency
-        ):
-            app: Any = service_unavailable
-            self.logger.warning("Exceeded concurrency limit.")
-        else:
-            app = self.app
-        if self.config.reset_contextvars:
-            task = self.loop.create_task(cycle.run(app), context=contextvars.Context())
-        else:
-            task = self.loop.create_task(cycle.run(app))
+        task = self.loop.create_task(cycle.run(self.app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 

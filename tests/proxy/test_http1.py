@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -167,6 +168,8 @@ HEADS = [
     # Heads that cannot be sent: not a byte of them is, and the connection closes.
     ("GET /x HTTP/1.1", 200, [(b"x-bad", b"a\r\nset-cookie: b"), (b"content-length", b"2")], b"ok"),
     ("GET /x HTTP/1.1", 200, [(b"x bad", b"a"), (b"content-length", b"2")], b"ok"),
+    ("GET /x HTTP/1.1", 200, [(b"x-a\nx-b", b"c"), (b"content-length", b"2")], b"ok"),
+    ("GET /x HTTP/1.1", 200, [(b"x-a:", b"c"), (b"content-length", b"2")], b"ok"),
     ("GET /x HTTP/1.1", 200, [(b"x-nul", b"a\x00")], b"ok"),
 ]
 
@@ -314,3 +317,17 @@ async def test_a_known_length_head_goes_out_with_the_first_bytes_of_its_body() -
     # An app that fails between the two leaves no half answer: the connection just closes.
     found = await _exchange(OneWriteHttpToolsProtocol, fails, request)
     assert found.writes == [] and found.closed
+
+
+def test_uvicorn_options_the_protocol_does_not_take_are_refused() -> None:
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        pass
+
+    loop = asyncio.new_event_loop()
+    try:
+        for option in ({"limit_concurrency": 10}, {"reset_contextvars": True}):
+            config = uvicorn.Config(app, lifespan="off", **HTTP_OPTIONS, **option)
+            with pytest.raises(ValueError, match="limit_concurrency nor reset_contextvars"):
+                OneWriteHttpToolsProtocol(config, ServerState(), {}, _loop=loop)
+    finally:
+        loop.close()
