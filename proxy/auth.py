@@ -232,7 +232,12 @@ class AuthCache:
             task = self._spawn(self._resolve(digest))
             self._loading[digest] = task
             task.add_done_callback(lambda done: self._loaded(digest, done))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        finally:
+            # A failed lookup's error holds this frame in its traceback, and the task holds the
+            # error: without this, the request's objects would wait for the garbage collector.
+            del task
 
     def _loaded(self, digest: str, task: asyncio.Task[Entry]) -> None:
         if self._loading.get(digest) is task:

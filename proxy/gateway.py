@@ -246,6 +246,9 @@ class Gateway:
                     error=error,
                     trace=trace,
                 )
+            # The error's traceback holds this frame, which would hold the error: a reference
+            # cycle that only the garbage collector frees, with the request's objects in it.
+            error = None
 
     @staticmethod
     def _allow(scope: Scope, method: str) -> None:
@@ -322,6 +325,7 @@ class Gateway:
         runtime: KeyRuntime | None = None
         prepared: Prepared | None = None
         error: ProxyError | None = None
+        refused: ProxyError | None = None
         try:
             ticket = self._ticket(route, head)
             outcome.on_answered = self._settle_on_answer(ticket, outcome)
@@ -330,7 +334,6 @@ class Gateway:
             admitted = True
             body = await read_body(receive, self._max_body, head.content_length)
             prepared = ticket.request = route.prepare(runtime, head, body)
-            refused: ProxyError | None = None
             try:
                 chain = chain_for(runtime, prepared.model)
             except ProxyError as exc:
@@ -383,6 +386,9 @@ class Gateway:
                 status, code = outcome.status, None
             raise
         finally:
+            # The callback holds the outcome: left in place, the two would make a reference
+            # cycle, and a request's dozen objects would wait for the garbage collector.
+            outcome.on_answered = None
             # Exactly one outcome record per admitted request, whatever happened; a refusal's
             # is written before the refusal is sent, an answer's before its last byte.
             if ticket is not None:
@@ -407,6 +413,8 @@ class Gateway:
                     end_user=prepared.end_user if prepared is not None else None,
                     trace=trace,
                 )
+                # As in `__call__`: no cycle through an error's traceback.
+                error = refused = None
 
     def _settle_on_answer(self, ticket: records.Ticket, outcome: Outcome) -> Callable[[], None]:
         """The outcome record, written once the answer is known and before its last byte."""
