@@ -17,19 +17,37 @@ from typing import Any
 
 import pytest
 
-from vkgate.logs import FIELDS, FLUSH_BYTES, BufferedLines, JsonFormatter, TextFormatter, event
+from vkgate.logs import (
+    FIELDS,
+    FLUSH_BYTES,
+    BufferedLines,
+    Event,
+    JsonFormatter,
+    TextFormatter,
+    emit,
+    event,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def event_fields() -> set[str]:
-    """The keyword names of every `event(...)` call in the services and the CLI."""
+    """The keyword names of every `event(...)` call in the services and the CLI, and the
+    fields of every `Event` struct they declare."""
     names: set[str] = set()
     for package in ("proxy", "controlplane", "vkgate"):
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "event":
                     names |= {keyword.arg for keyword in node.keywords if keyword.arg}
+                if isinstance(node, ast.ClassDef) and any(
+                    getattr(base, "id", None) == "Event" for base in node.bases
+                ):
+                    names |= {
+                        field.target.id
+                        for field in node.body
+                        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                    }
     return names - {"level"}
 
 
@@ -186,6 +204,74 @@ def test_an_event_written_without_a_record_is_the_line_the_record_makes(
     assert written[0] == written[1]
     assert len(written[0].splitlines()) == 2 and "secret" not in written[0]
     assert "2023-11-14T22:13:20.042Z" in written[0]
+
+
+class Finished(Event):
+    EVENT = "request_completed"
+
+    route: str
+    status: int
+    code: str | None = None
+    attempts: int | None = None
+
+
+class Careless(Event):
+    EVENT = "request_completed"
+
+    status: int
+    prompt: str | None = None
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter, TextFormatter])
+def test_an_event_struct_writes_the_line_its_fields_as_arguments_write(
+    formatter: type[JsonFormatter | TextFormatter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`emit(logger, struct)` writes what `event(logger, name, **fields)` does, None fields
+    left out, whether it formats straight into the handler or goes through `logging`; a field
+    off the allowlist is dropped either way."""
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0429)
+    records: list[str] = []
+    make_record = logging.Logger.makeRecord
+
+    def counted(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        records.append(self.name)
+        return make_record(self, *args, **kwargs)
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", counted)
+    written = []
+    for way in ("event", "emit", "emit filtered"):
+        name = f"t.struct.{formatter.__name__}.{way.replace(' ', '_')}"
+        with handled(name, batched=name) as stream:
+            logger = logging.getLogger(name)
+            for handler in logger.handlers:
+                handler.setFormatter(formatter())
+            if way == "emit filtered":
+                logger.addFilter(keep := Keep())
+            try:
+                if way == "event":
+                    event(logger, "request_completed", route='chat "x"\nforged=1', status=200)
+                    event(logger, "request_completed", route="r", status=499, attempts=0)
+                    event(logger, "request_completed", status=200)
+                    event(logger, "request_completed", level=logging.WARNING, status=500)
+                else:
+                    emit(logger, Finished(route='chat "x"\nforged=1', status=200))
+                    emit(logger, Finished(route="r", status=499, code=None, attempts=0))
+                    emit(logger, Careless(status=200, prompt="tell me a secret"))
+                    emit(logger, Careless(status=500), logging.WARNING)
+            finally:
+                if way == "emit filtered":
+                    logger.removeFilter(keep)
+            written.append(stream.getvalue().replace(name, "t.struct"))
+    assert written[0] == written[1] == written[2]
+    assert len(written[0].splitlines()) == 4 and "secret" not in written[0]
+    # Without a filter, only the struct with a field off the allowlist took a record.
+    emitted = f"t.struct.{formatter.__name__}.emit"
+    assert records.count(emitted) == 2 and records.count(emitted + "_filtered") == 4
+    if formatter is JsonFormatter:
+        first, second = (json.loads(line) for line in written[0].splitlines()[:2])
+        assert list(first) == ["time", "level", "logger", "event", "route", "status"]
+        assert first["route"] == 'chat "x"\nforged=1'
+        assert second["attempts"] == 0 and "code" not in second
 
 
 def test_an_event_reaches_every_handler_on_its_way() -> None:

@@ -1,8 +1,9 @@
 """Structured logs for both services: JSON lines (or text) whose fields come from an allowlist.
 
-An event is `event(log, "request_completed", status=200, ...)`: a name and keyword fields. The
-formatter writes only fields named in `FIELDS`; any other is dropped, so a careless call cannot
-put a prompt, a raw key or a provider credential in a log line. End users are never logged as
+An event is `event(log, "request_completed", status=200, ...)`: a name and keyword fields; or,
+for a line written once a request, `emit(log, line)` with an `Event` struct that names its
+fields once. The formatter writes only fields named in `FIELDS`; any other is dropped, so a
+careless call cannot put a prompt, a raw key or a provider credential in a log line. End users are never logged as
 given: `pseudonym` turns them into an HMAC under `VKGATE_TELEMETRY_KEY`, or leaves them out.
 """
 
@@ -20,7 +21,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -101,6 +102,47 @@ def event(logger: logging.Logger, name: str, /, level: int = logging.INFO, **fie
             logger.log(level, name, extra={_EXTRA: fields})
 
 
+class Event(msgspec.Struct, omit_defaults=True, gc=False):
+    """The fields of one kind of event, for `emit`: a subclass names the event (`EVENT`) and
+    declares its fields, each in `FIELDS`; a field left None is not written.
+
+    The line is the one `event` writes with the same fields, made with less work: the fields
+    are a struct (no dict of keyword arguments, no filtered copy, no line dict to merge them
+    into), encoded in one call. `request_completed`, once a request, cost the proxy 54,000
+    instructions through `event` and 26,000 this way (bench/README.md).
+    """
+
+    EVENT: ClassVar[str]
+
+
+def emit(logger: logging.Logger, line: Event, /, level: int = logging.INFO) -> None:
+    """Log `line`: what `event(logger, line.EVENT, level, **fields)` logs, its None fields
+    left out."""
+    if logger.isEnabledFor(level):
+        handler = _sole_handler(logger, level)
+        if handler is None or not handler.add_line(level, logger.name, line):
+            logger.log(level, line.EVENT, extra={_EXTRA: _fields(line)})
+
+
+def _fields(line: Event) -> dict[str, Any]:
+    """The line's fields as `event`'s keyword arguments would be: those set, in their order."""
+    return {
+        name: value for name in line.__struct_fields__ if (value := getattr(line, name)) is not None
+    }
+
+
+_WRITABLE: dict[type[Event], bool] = {}
+
+
+def _writable(kind: type[Event]) -> bool:
+    """Whether every field of `kind` is in `FIELDS` (else its lines take `event`'s way, which
+    drops the others)."""
+    known = _WRITABLE.get(kind)
+    if known is None:
+        known = _WRITABLE[kind] = FIELDS.issuperset(kind.__struct_fields__)
+    return known
+
+
 def _sole_handler(logger: logging.Logger, level: int) -> BufferedLines | None:
     """The `BufferedLines` that alone would write `logger`'s record at `level`, unfiltered, with
     a formatter of this module; None when anything else would see it."""
@@ -166,6 +208,7 @@ class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._encoder = msgspec.json.Encoder()
+        self._heads: dict[tuple[int, str, str], str] = {}
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -195,6 +238,23 @@ class JsonFormatter(logging.Formatter):
         }
         line.update(_allowed(fields))
         return self._encoder.encode(line).decode()
+
+    def format_line(self, created: float, level: int, logger: str, line: Event) -> str:
+        """The line `format_event` makes of `line`'s event and fields (all in `FIELDS`)."""
+        key = (level, logger, line.EVENT)
+        head = self._heads.get(key)
+        if head is None:
+            # What follows the time, up to the fields: the same for every line of the event.
+            head = self._heads[key] = self._encoder.encode(
+                {
+                    "level": _LEVELS.get(level) or logging.getLevelName(level).lower(),
+                    "logger": logger,
+                    "event": line.EVENT,
+                }
+            )[1:-1].decode()
+        fields = self._encoder.encode(line)
+        rest = "," + fields[1:].decode() if len(fields) > 2 else "}"
+        return f'{{"time":"{_timestamp(created)}",{head}{rest}'
 
 
 def _text(value: object) -> str:
@@ -226,6 +286,10 @@ class TextFormatter(logging.Formatter):
         """The line `format` makes of the record of `event(logger, name, level, **fields)`."""
         text = _event_text(name, _allowed(fields))
         return f"{_timestamp(created)} {logging.getLevelName(level)} {logger}: {text}"
+
+    def format_line(self, created: float, level: int, logger: str, line: Event) -> str:
+        """The line `format_event` makes of `line`'s event and fields."""
+        return self.format_event(created, level, logger, line.EVENT, _fields(line))
 
 
 def _event_text(name: str, fields: dict[str, Any]) -> str:
@@ -294,6 +358,19 @@ class BufferedLines(logging.StreamHandler):  # type: ignore[type-arg]
             return False
         with self.lock:  # type: ignore[union-attr]
             self._add(line + self.terminator, level, logger)
+        return True
+
+    def add_line(self, level: int, logger: str, line: Event) -> bool:
+        """As `add_event`, for `emit`'s struct."""
+        formatter = self.formatter
+        if not isinstance(formatter, _EVENT_FORMATTERS) or not _writable(type(line)):
+            return False
+        try:
+            text = formatter.format_line(time.time(), level, logger, line)
+        except Exception:
+            return False
+        with self.lock:  # type: ignore[union-attr]
+            self._add(text + self.terminator, level, logger)
         return True
 
     def _add(self, line: str, level: int, logger: str) -> None:

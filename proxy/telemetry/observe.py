@@ -16,12 +16,31 @@ from proxy.runtime import KeyRuntime
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracing import RequestSpan
 from vkgate.errors import ErrorCode
-from vkgate.logs import event, pseudonym
+from vkgate.logs import Event, emit, pseudonym
 
 log = logging.getLogger("vkgate.proxy.requests")
 
 MODEL_FIELD_MAX = 128
 """A requested model the key does not know is logged cut to this length (metrics leave it out)."""
+
+
+class RequestCompleted(Event):
+    """The line of a finished request."""
+
+    EVENT = "request_completed"
+
+    route: str
+    status: int
+    code: str | None = None
+    duration_ms: float | None = None
+    ttfb_ms: float | None = None
+    request_id: str | None = None
+    vk_id: str | None = None
+    organization_id: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    attempts: int | None = None
+    end_user_hash: str | None = None
 
 
 class RequestObserver:
@@ -93,23 +112,24 @@ class RequestObserver:
                     end_user_hash=end_user_hash,
                 )
             if self._log_requests and log.isEnabledFor(logging.INFO):
-                event(
+                emit(
                     log,
-                    "request_completed",
-                    route=route,
-                    status=status,
-                    code=code_text or None,
-                    duration_ms=round((now - started) * 1000, 2),
-                    ttfb_ms=None
-                    if first_byte_at is None
-                    else round((first_byte_at - started) * 1000, 2),
-                    request_id=request_id.decode("latin-1"),
-                    vk_id=runtime.vk_id if runtime is not None else None,
-                    organization_id=runtime.organization_id if runtime is not None else None,
-                    model=alias or (model[:MODEL_FIELD_MAX] if model else None),
-                    provider=provider or None,
-                    attempts=outcome.calls if outcome is not None else 0,
-                    end_user_hash=end_user_hash,
+                    RequestCompleted(
+                        route=route,
+                        status=status,
+                        code=code_text or None,
+                        duration_ms=round((now - started) * 1000, 2),
+                        ttfb_ms=None
+                        if first_byte_at is None
+                        else round((first_byte_at - started) * 1000, 2),
+                        request_id=request_id.decode("latin-1"),
+                        vk_id=runtime.vk_id if runtime is not None else None,
+                        organization_id=runtime.organization_id if runtime is not None else None,
+                        model=alias or (model[:MODEL_FIELD_MAX] if model else None),
+                        provider=provider or None,
+                        attempts=outcome.calls if outcome is not None else 0,
+                        end_user_hash=end_user_hash,
+                    ),
                 )
         except Exception:
             log.exception("could not record request %s", request_id.decode("latin-1"))
