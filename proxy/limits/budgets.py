@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -226,12 +226,11 @@ class BudgetGuard:
                 figures[key] = (rule.ledger_nanos, rule.ledger_as_of)
                 self._learnt += 1
 
-    def _current_windows(
-        self, moment: datetime, now: float
-    ) -> dict[str, tuple[float | None, float | None]]:
-        """Each window's (start, end) at `moment` (`now` in unix seconds); worked out again at
-        the next end."""
+    def _current_windows(self, now: float) -> dict[str, tuple[float | None, float | None]]:
+        """Each window's (start, end) at `now` (unix seconds); worked out again at the next
+        end."""
         if now >= self._windows_until:
+            moment = datetime.fromtimestamp(now, UTC)
             windows: dict[str, tuple[float | None, float | None]] = {}
             for window in WINDOWS:
                 start, end = window_bounds(window, moment)
@@ -257,8 +256,7 @@ class BudgetGuard:
 
         Raises `400 end_user_required` for a per-end-user budget and no end user.
         """
-        moment = self._clock.now()
-        return await self.ask_at(rules, chain, end_user, worst, moment, moment.timestamp())
+        return await self.ask_at(rules, chain, end_user, worst, self._clock.time())
 
     async def ask_at(
         self,
@@ -266,11 +264,10 @@ class BudgetGuard:
         chain: tuple[Upstream, ...],
         end_user: str | None,
         worst: Worst,
-        moment: datetime,
         now: float,
     ) -> BudgetAsk | None:
-        """`ask` at `moment` (`now`: the same in unix seconds), read once by the caller."""
-        windows = self._current_windows(moment, now)
+        """`ask` at `now` (unix seconds), read once by the caller."""
+        windows = self._current_windows(now)
         groups: dict[str, int] = {}
         buckets: list[BudgetBucket] = []
         applied: list[BudgetRule] = []

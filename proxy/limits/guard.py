@@ -67,10 +67,9 @@ class Governor:
         tokens = estimate + (worst.output_tokens or 0)
         # One reading of the clock for the whole admission: the budgets' windows and the
         # counters see the same moment.
-        moment = self._clock.now()
-        now = moment.timestamp()
+        now = self._clock.time()
         ask = (
-            await self.budgets.ask_at(rules, chain, end_user, worst, moment, now)
+            await self.budgets.ask_at(rules, chain, end_user, worst, now)
             if rules and chain
             else None
         )
