@@ -16,12 +16,12 @@ import asyncio
 import logging
 import random
 import sys
-from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections import OrderedDict, deque
+from collections.abc import Callable, Coroutine, Mapping, ValuesView
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from cachetools import LRUCache, TTLCache
+from cachetools import TTLCache
 
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
@@ -84,43 +84,75 @@ def _config_of(resolution: ResolveKeyResponse) -> Config | None:
     return Config(resolution.bundle, resolution.etag)
 
 
-class _Entries(LRUCache[str, Entry]):
-    """An LRU that keeps an index by virtual key id, so change events find entries quickly,
-    and its entries apart, so change events can look through them all without marking each
-    one as just used (which reading the LRU itself does).
+class _Entries:
+    """The cached keys, least recently used first, with an index by virtual key id so change
+    events find entries quickly; `unordered` lets them look through every entry without
+    marking any as just used (which `get` does).
 
-    The index holds tuples: a key id has one digest but during a rotation's grace, and a
-    one-item tuple costs a fifth of a set."""
+    An `OrderedDict` holds both the entries and their order: a hit is a lookup and a
+    `move_to_end`, both in C, where cachetools' LRU made four Python calls of it on every
+    request. The index holds tuples: a key id has one digest but during a rotation's grace,
+    and a one-item tuple costs a fifth of a set."""
+
+    __slots__ = ("_items", "by_vk", "maxsize")
 
     def __init__(self, maxsize: int) -> None:
-        super().__init__(maxsize)
+        if maxsize < 1:
+            raise ValueError(f"the auth cache must hold at least one key, not {maxsize}")
+        self.maxsize = maxsize
+        self._items: OrderedDict[str, Entry] = OrderedDict()
         self.by_vk: dict[str, tuple[str, ...]] = {}
-        self.unordered: dict[str, Entry] = {}
+
+    @property
+    def unordered(self) -> Mapping[str, Entry]:
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, digest: str) -> Entry | None:
+        """The entry, now the most recently used; None when the key is not cached."""
+        items = self._items
+        entry = items.get(digest)
+        if entry is not None:
+            items.move_to_end(digest)
+        return entry
 
     def __setitem__(self, digest: str, entry: Entry) -> None:
-        super().__setitem__(digest, entry)
+        """Cache `entry` as the most recently used, dropping the least recently used one when
+        the cache is full."""
+        items = self._items
+        if digest in items:
+            items.move_to_end(digest)
+        elif len(items) >= self.maxsize:
+            dropped, evicted = items.popitem(last=False)
+            self._unindex(dropped, evicted)
+        items[digest] = entry
         vk_id = entry.runtime.vk_id
         digests = self.by_vk.get(vk_id, ())
         if digest not in digests:
             self.by_vk[vk_id] = (*digests, digest)
-        self.unordered[digest] = entry
 
-    def __delitem__(self, digest: str) -> None:
-        entry = self[digest]
-        super().__delitem__(digest)
-        del self.unordered[digest]
+    def pop(self, digest: str) -> Entry | None:
+        entry = self._items.pop(digest, None)
+        if entry is not None:
+            self._unindex(digest, entry)
+        return entry
+
+    def values(self) -> ValuesView[Entry]:
+        return self._items.values()
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.by_vk.clear()
+
+    def _unindex(self, digest: str, entry: Entry) -> None:
         vk_id = entry.runtime.vk_id
         digests = tuple(d for d in self.by_vk.get(vk_id, ()) if d != digest)
         if digests:
             self.by_vk[vk_id] = digests
         else:
             self.by_vk.pop(vk_id, None)
-
-    def clear(self) -> None:
-        # cachetools empties its storage directly here, without deleting item by item.
-        super().clear()
-        self.by_vk.clear()
-        self.unordered.clear()
 
 
 class AuthCache:
@@ -469,7 +501,7 @@ class AuthCache:
         self._loading.clear()
 
     def _evict(self, digest: str) -> None:
-        entry = self._entries.pop(digest, None)
+        entry = self._entries.pop(digest)
         if entry is not None:
             entry.evicted = True
 

@@ -6,11 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 
-from proxy.auth import REFRESH_CONCURRENCY, RESOLVE_AHEAD_S, AuthCache
+from proxy.auth import REFRESH_CONCURRENCY, RESOLVE_AHEAD_S, AuthCache, Entry, _Entries
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers.mock import MockProvider
@@ -1009,3 +1010,35 @@ async def test_a_batch_holding_an_unknown_event_kind_still_decodes() -> None:
     )
     answer = msgspec.json.decode(body, type=ChangesResponse)
     assert [e.kind for e in answer.events] == ["GUARDRAIL_ADDED"]
+
+
+def test_the_entries_keep_use_order_and_their_index_through_every_change() -> None:
+    """The cache's own LRU: a hit or an overwrite makes an entry the most recently used, a full
+    cache drops the least recently used, a look through every entry reorders nothing, and the
+    index by key id follows each change."""
+
+    def entry(name: str, vk_id: str) -> Entry:
+        runtime = SimpleNamespace(vk_id=vk_id)  # all the entries look at
+        return Entry(name, runtime, None, 0.0, 0.0, None, 0.0)  # type: ignore[arg-type]
+
+    entries = _Entries(2)
+    entries["a"] = entry("a", "vk_1")
+    entries["b"] = entry("b", "vk_2")
+    assert entries.get("a") is not None  # b is now the least recently used
+    assert list(entries.unordered) == ["b", "a"]
+    entries["c"] = entry("c", "vk_1")  # rotation grace: two digests, one key
+    assert list(entries.unordered) == ["a", "c"] and entries.get("b") is None
+    assert entries.by_vk == {"vk_1": ("a", "c")}
+    entries["a"] = entry("a", "vk_1")  # overwritten: the most recently used again
+    assert [e.digest for e in entries.values()] == ["c", "a"]
+    entries["d"] = entry("d", "vk_3")
+    assert list(entries.unordered) == ["a", "d"] and entries.by_vk == {
+        "vk_1": ("a",),
+        "vk_3": ("d",),
+    }
+    assert entries.pop("a") is not None and entries.pop("a") is None
+    assert entries.by_vk == {"vk_3": ("d",)} and len(entries) == 1
+    entries.clear()
+    assert len(entries) == 0 and entries.by_vk == {}
+    with pytest.raises(ValueError, match="at least one key"):
+        _Entries(0)
