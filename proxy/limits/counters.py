@@ -20,6 +20,13 @@ from proxy.limits.store import (
 
 _TOKENS, _SLOTS, _BUDGETS = 0, 1, 2
 """What a forgetting schedule entry is about (its kind)."""
+SWEEP_EVERY_S = 1.0
+"""How often a request's `admit` or `finish` forgets what has come to equal "never seen".
+
+Not at every request: a bucket whose limit is far from reached is full again a moment after
+each take, so forgetting it at once meant forgetting and storing it again on every request.
+Kept a second longer, a full bucket reads as one never seen (its level is capped at capacity),
+and so do lapsed slots and an ended window: only memory waits for the sweep."""
 
 
 _Tokens = tuple[float, float, float]
@@ -141,8 +148,8 @@ class LocalCounters:
 
     Not thread-safe: the event loop owns it, and no method awaits between its check and its
     commit, so each call is atomic. State that equals "never seen" (a full token bucket, a
-    window past `expires_at`, slots all released or lapsed) is forgotten, so memory follows
-    the keys in use rather than every key ever seen.
+    window past `expires_at`, slots all released or lapsed) is forgotten within a second
+    (`SWEEP_EVERY_S`), so memory follows the keys in use rather than every key ever seen.
 
     Every request passes through `admit` and `finish`: their loops are written out (no
     comprehensions, no `zip`), which measured a good part of a governed request's cost.
@@ -157,6 +164,8 @@ class LocalCounters:
         self._forget: list[tuple[float, int, str]] = []
         self._scheduled: tuple[set[str], set[str], set[str]] = (set(), set(), set())
         """The keys with an entry in `_forget`, by kind."""
+        self._sweep_at = -math.inf
+        """When `admit` and `finish` sweep next."""
 
     async def admit(
         self,
@@ -168,8 +177,7 @@ class LocalCounters:
         lease_s: float,
         now: float,
     ) -> Admission:
-        forget = self._forget
-        if forget and forget[0][0] <= now:
+        if now >= self._sweep_at:
             self._sweep(now)
         # Every step is checked before anything is written (the reservation, last, writes
         # only when it admits), so a refusal has nothing to give back.
@@ -204,8 +212,7 @@ class LocalCounters:
         hold_s: float,
         now: float,
     ) -> None:
-        forget = self._forget
-        if forget and forget[0][0] <= now:
+        if now >= self._sweep_at:
             self._sweep(now)
         if adjust:
             self._adjust(adjust, now)
@@ -464,6 +471,7 @@ class LocalCounters:
 
     def _sweep(self, now: float) -> None:
         """Forget what has come to equal "never seen" by `now`."""
+        self._sweep_at = now + SWEEP_EVERY_S
         forget = self._forget
         while forget and forget[0][0] <= now:
             _, kind, key = heapq.heappop(forget)

@@ -716,6 +716,22 @@ async def test_local_counters_forget_what_equals_never_seen() -> None:
     assert len(local._forget) == 0
 
 
+async def test_requests_forget_full_buckets_at_most_once_a_second() -> None:
+    """`admit` and `finish` sweep once a second, not once a request: a bucket far from its
+    limit, full again a moment after each take, is kept until then, and reads as full."""
+    local = LocalCounters()
+    quick = rpm(6000, key="rl:a")  # full again 0.01 s after a take
+    await local.admit("r1", [quick], [], [], [], LEASE_S, T0)
+    await local.admit("r2", [rpm(6000, key="rl:b")], [], [], [], LEASE_S, T0 + 0.5)
+    assert set(local._tokens) == {"rl:a", "rl:b"}, "kept until the next sweep"
+    admission = await local.admit("r3", [quick], [], [], [], LEASE_S, T0 + 0.9)
+    assert admission.levels is not None and admission.levels.remaining == (5999.0,)
+    await local.finish("r3", [], [], [], [], HOLD_S, T0 + 0.95)
+    assert set(local._tokens) == {"rl:a", "rl:b"}
+    await local.finish("r3", [], [], [], [], HOLD_S, T0 + 1.0)
+    assert not local._tokens, "the sweep a second after the first forgot both"
+
+
 async def test_local_counters_forget_acknowledged_seconds_a_figure_covers() -> None:
     local = LocalCounters()
     total = budget("bg:b1:total", ledger=0, as_of=T0 - 60)
