@@ -3,8 +3,9 @@
 An event is `event(log, "request_completed", status=200, ...)`: a name and keyword fields; or,
 for a line written once a request, `emit(log, line)` with an `Event` struct that names its
 fields once. The formatter writes only fields named in `FIELDS`; any other is dropped, so a
-careless call cannot put a prompt, a raw key or a provider credential in a log line. End users are never logged as
-given: `pseudonym` turns them into an HMAC under `VKGATE_TELEMETRY_KEY`, or leaves them out.
+careless call cannot put a prompt, a raw key or a provider credential in a log line. End users
+are never logged as given: `pseudonym` turns them into an HMAC under `VKGATE_TELEMETRY_KEY`, or
+leaves them out.
 """
 
 from __future__ import annotations
