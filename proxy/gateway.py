@@ -229,7 +229,7 @@ class Gateway:
                 raise
         except Exception:
             # A bug, not a refusal: logged (never the body), and answered in the route's shape.
-            log.exception("unexpected error serving /v1%s", label)
+            log.exception("unexpected error serving %s", label)  # a route label: /v1/…, or "other"
             bug = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
             # If the answer had already started, a second start is refused: nothing more to say.
             with contextlib.suppress(Exception):

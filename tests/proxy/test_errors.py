@@ -6,6 +6,7 @@ field is to blame) and its X-Request-ID; none of them may reach the provider.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -15,6 +16,7 @@ import openai
 import pytest
 from litestar import Litestar
 
+from proxy import gateway
 from tests.proxy.conftest import (
     CHAT_ALIAS,
     EMBEDDING_ALIAS,
@@ -304,3 +306,45 @@ async def test_wrong_method_is_405_naming_the_allowed_one(
     response = await http.post("/v1/models", headers=bearer(tenant.key))
     openai_error(response, 405, "method_not_allowed")
     assert response.headers["allow"] == "GET"
+
+
+# -- bugs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "anthropic"),
+    [("GET", "/v1/models", False), ("POST", "/v1/messages", True)],
+)
+async def test_a_bug_is_a_500_in_the_routes_shape_and_logged_with_its_route(
+    http: httpx.AsyncClient,
+    tenant: Tenant,
+    fake_openai: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    path: str,
+    anthropic: bool,
+) -> None:
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+
+    # A failure outside the paid pipeline (which observes its own end) reaches `__call__`'s
+    # last resort; inside it, `_serve` is where a bug would surface.
+    monkeypatch.setattr(gateway.Gateway, "_authenticate" if not anthropic else "_serve", broken)
+    with caplog.at_level(logging.ERROR, logger="vkgate.proxy"):
+        response = await http.request(
+            method,
+            path,
+            json={"model": CHAT_ALIAS, "max_tokens": 8, "messages": HELLO},
+            headers=bearer(tenant.key),
+        )
+    assert response.status_code == 500
+    if anthropic:
+        assert response.json()["error"]["type"] == "api_error"
+        assert response.json()["type"] == "error"
+    else:
+        openai_error(response, 500, "internal_error")
+    assert response.headers["x-request-id"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "vkgate.proxy"]
+    assert f"unexpected error serving {path}" in logged
+    assert fake_openai.received == []
