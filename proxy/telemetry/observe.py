@@ -118,10 +118,8 @@ class RequestObserver:
                         route=route,
                         status=status,
                         code=code_text or None,
-                        duration_ms=round((now - started) * 1000, 2),
-                        ttfb_ms=None
-                        if first_byte_at is None
-                        else round((first_byte_at - started) * 1000, 2),
+                        duration_ms=_centis(now - started),
+                        ttfb_ms=None if first_byte_at is None else _centis(first_byte_at - started),
                         request_id=request_id.decode("latin-1"),
                         vk_id=runtime.vk_id if runtime is not None else None,
                         organization_id=runtime.organization_id if runtime is not None else None,
@@ -157,3 +155,9 @@ class RequestObserver:
             self._metrics.limit_refusals.add((error.reason,))
         elif error.code is ErrorCode.BUDGET_EXCEEDED and error.details:
             self._metrics.budget_refusals.add((error.details.get("budget_scope", ""),))
+
+
+def _centis(seconds: float) -> float:
+    """`seconds` in milliseconds, to 0.01 ms (half up): a third of `round(ms, 2)`'s cost, which
+    formats the number to round it; the float is the one nearest the two-place decimal."""
+    return int(seconds * 100_000 + 0.5) / 100
