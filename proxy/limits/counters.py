@@ -195,9 +195,7 @@ class LocalCounters:
             if not reservation.admitted:
                 return Admission(levels, None, reservation)
         if levels is not None:
-            remaining = levels.remaining
-            for i, b in enumerate(buckets):
-                self._store(b, remaining[i], now)
+            self._keep(buckets, levels, now)
         for s in slots:
             self._hold(s, request_id, now)
         return Admission(levels, None, reservation)
@@ -225,9 +223,7 @@ class LocalCounters:
         self._sweep(now)
         levels = self._take(buckets, now)
         if levels.admitted:
-            remaining = levels.remaining
-            for i, b in enumerate(buckets):
-                self._store(b, remaining[i], now)
+            self._keep(buckets, levels, now)
         return levels
 
     async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
@@ -427,6 +423,25 @@ class LocalCounters:
         elapsed = now - at
         level += (elapsed if elapsed > 0.0 else 0.0) * bucket.per_second
         return level if level < bucket.capacity else bucket.capacity
+
+    def _keep(self, buckets: Sequence[Bucket], levels: Levels, now: float) -> None:
+        """Store the levels `_take` admitted at: `_store` for each bucket, written out, with the
+        time to full `_take` already worked out (`levels.reset_s`)."""
+        tokens = self._tokens
+        scheduled = self._scheduled[_TOKENS]
+        remaining, reset = levels.remaining, levels.reset_s
+        for i, b in enumerate(buckets):
+            key, level = b.key, remaining[i]
+            if level >= b.capacity:
+                tokens.pop(key, None)
+                continue
+            old = tokens.get(key)
+            at = now if old is None or now > old[1] else old[1]
+            full_at = at + reset[i]
+            tokens[key] = (level, at, full_at)
+            if key not in scheduled:
+                scheduled.add(key)
+                heapq.heappush(self._forget, (full_at, _TOKENS, key))
 
     def _store(self, bucket: Bucket, level: float, now: float) -> None:
         key, capacity = bucket.key, bucket.capacity
