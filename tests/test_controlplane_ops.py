@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 from pathlib import Path
 
 import httpx
@@ -121,3 +122,21 @@ async def test_config_if_none_match_takes_weak_tags_lists_and_star(
         assert response.content == b""
     changed = await internal.call("GET", path, headers={"If-None-Match": '"other"'})
     assert changed.status_code == 200
+
+
+async def test_the_server_freezes_what_start_up_built_and_a_test_app_does_not(
+    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
+) -> None:
+    gc.unfreeze()
+    app = create_app(settings, clock=clock, database=clean_database)
+    async with serve_in_loop(app, "http://cp.test") as client:
+        assert (await client.get("/healthz")).status_code == 200
+    assert gc.get_freeze_count() == 0
+    server = create_app(settings, clock=clock, database=clean_database, freeze_heap=True)
+    try:
+        async with serve_in_loop(server, "http://cp.test") as client:
+            # Frozen once started, before the first request is served.
+            assert gc.get_freeze_count() > 0
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        gc.unfreeze()

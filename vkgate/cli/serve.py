@@ -109,7 +109,7 @@ def serve_controlplane(
     from controlplane.app import create_app
 
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, freeze_heap=True),
         host=settings.host,
         port=settings.port,
         loop="uvloop",
