@@ -195,7 +195,7 @@ class LocalCounters:
             if not reservation.admitted:
                 return Admission(levels, None, reservation)
         if levels is not None:
-            self._keep(buckets, levels, now)
+            self._keep(buckets, levels.remaining, levels.reset_s, now)
         for s in slots:
             self._hold(s, request_id, now)
         return Admission(levels, None, reservation)
@@ -223,7 +223,7 @@ class LocalCounters:
         self._sweep(now)
         levels = self._take(buckets, now)
         if levels.admitted:
-            self._keep(buckets, levels, now)
+            self._keep(buckets, levels.remaining, levels.reset_s, now)
         return levels
 
     async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
@@ -308,9 +308,13 @@ class LocalCounters:
         return Levels(True, tuple(after), tuple(reset), 0.0, None)
 
     def _adjust(self, buckets: Sequence[Bucket], now: float) -> None:
+        levels: list[float] = []
+        to_full: list[float] = []
         for b in buckets:
             level = self._refilled(b, now) - b.cost
-            self._store(b, level if level < b.capacity else b.capacity, now)
+            levels.append(level)
+            to_full.append(until_full(b, level))
+        self._keep(buckets, levels, to_full, now)
 
     def _slot_free(self, slots: Slots, request_id: str, now: float) -> bool:
         """Whether `request_id` holds a slot, or may take one."""
@@ -424,41 +428,30 @@ class LocalCounters:
         level += (elapsed if elapsed > 0.0 else 0.0) * bucket.per_second
         return level if level < bucket.capacity else bucket.capacity
 
-    def _keep(self, buckets: Sequence[Bucket], levels: Levels, now: float) -> None:
-        """Store the levels `_take` admitted at: `_store` for each bucket, written out, with the
-        time to full `_take` already worked out (`levels.reset_s`)."""
+    def _keep(
+        self,
+        buckets: Sequence[Bucket],
+        levels: Sequence[float],
+        to_full: Sequence[float],
+        now: float,
+    ) -> None:
+        """Store each bucket's level with the seconds until it is full again (`until_full`,
+        which `_take` has worked out already for the levels it admits at); a full bucket is
+        forgotten."""
         tokens = self._tokens
         scheduled = self._scheduled[_TOKENS]
-        remaining, reset = levels.remaining, levels.reset_s
         for i, b in enumerate(buckets):
-            key, level = b.key, remaining[i]
+            key, level = b.key, levels[i]
             if level >= b.capacity:
                 tokens.pop(key, None)
                 continue
             old = tokens.get(key)
             at = now if old is None or now > old[1] else old[1]
-            full_at = at + reset[i]
+            full_at = at + to_full[i]
             tokens[key] = (level, at, full_at)
             if key not in scheduled:
                 scheduled.add(key)
                 heapq.heappush(self._forget, (full_at, _TOKENS, key))
-
-    def _store(self, bucket: Bucket, level: float, now: float) -> None:
-        key, capacity = bucket.key, bucket.capacity
-        if level >= capacity:
-            self._tokens.pop(key, None)
-            return
-        old = self._tokens.get(key)
-        # `until_full`, for a level below capacity.
-        per_second = bucket.per_second
-        to_full = (capacity - level) / per_second if per_second > 0 else math.inf
-        at = now if old is None or now > old[1] else old[1]
-        full_at = at + to_full
-        self._tokens[key] = (level, at, full_at)
-        scheduled = self._scheduled[_TOKENS]
-        if key not in scheduled:
-            scheduled.add(key)
-            heapq.heappush(self._forget, (full_at, _TOKENS, key))
 
     def _budget(self, bucket: BudgetBucket, now: float) -> _Budget:
         """The bucket's state, with a newer ledger figure as its base, purged of what lapsed."""
