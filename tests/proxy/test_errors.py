@@ -328,9 +328,13 @@ async def test_a_bug_is_a_500_in_the_routes_shape_and_logged_with_its_route(
     async def broken(*_: object) -> None:
         raise RuntimeError("a bug")
 
-    # A failure outside the paid pipeline (which observes its own end) reaches `__call__`'s
-    # last resort; inside it, `_serve` is where a bug would surface.
-    monkeypatch.setattr(gateway.Gateway, "_authenticate" if not anthropic else "_serve", broken)
+    # A failure outside the paid pipeline (/v1/models) and one inside it, once its request
+    # is admitted (reading the body): the real pipeline runs up to it, and both reach
+    # `__call__`'s last resort.
+    if anthropic:
+        monkeypatch.setattr(gateway, "read_body", broken)
+    else:
+        monkeypatch.setattr(gateway.Gateway, "_authenticate", broken)
     with caplog.at_level(logging.ERROR, logger="vkgate.proxy"):
         response = await http.request(
             method,
