@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from litestar import Litestar
@@ -10,6 +11,7 @@ from litestar import Litestar
 from proxy.app import create_app
 from proxy.http1 import OneWriteHttpToolsProtocol
 from proxy.settings import ProxySettings
+from proxy.workers import Workers, WorkersError
 from vkgate import env as E
 from vkgate.logs import configure as configure_logging
 from vkgate.malloc import return_large_blocks
@@ -62,19 +64,33 @@ def serve(settings: ProxySettings) -> None:
             log_access=False,
         ).serve()
         return
+    options: dict[str, Any] = {
+        "app": FACTORY,
+        "factory": True,
+        "loop": "uvloop",
+        "log_config": None,
+        "log_level": settings.log_level.lower(),
+        "access_log": False,
+        "lifespan": "on",
+        **HTTP_OPTIONS,
+        "timeout_graceful_shutdown": math.ceil(settings.shutdown_grace_s),
+    }
+    if settings.workers > 1:
+        # Each worker on a socket of its own (proxy/workers.py), not uvicorn's one shared socket.
+        try:
+            workers = Workers(
+                settings.workers,
+                settings.host,
+                settings.port,
+                options,
+                stop_grace_s=settings.shutdown_grace_s,
+            )
+        except WorkersError as exc:
+            sys.exit(f"vkgate proxy: {exc}")
+        workers.run()
+        if workers.failed:
+            sys.exit(1)
+        return
     import uvicorn
 
-    uvicorn.run(
-        FACTORY,
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        loop="uvloop",
-        log_config=None,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        lifespan="on",
-        **HTTP_OPTIONS,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
-    )
+    uvicorn.run(host=settings.host, port=settings.port, **options)

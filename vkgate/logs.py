@@ -75,6 +75,9 @@ FIELDS: frozenset[str] = frozenset(
         "grace_s",
         "in_flight",
         "released_polls",
+        "pid",
+        "exit_code",
+        "workers",
     }
 )
 

@@ -333,6 +333,19 @@ def test_proxy_served_by_granian_answers_requests(deployment: Deployment, tenant
     wait_until_closed(proxy.url)  # granian's worker processes went with it
 
 
+def test_proxy_with_two_workers_answers_requests(deployment: Deployment, tenant: Tenant) -> None:
+    key = new_key(deployment.controlplane, tenant)
+    with proxy_process(
+        deployment.controlplane.url,
+        deployment.workdir / "proxy-workers.log",
+        deployment.workdir,
+        VKGATE_PROXY_WORKERS="2",
+    ) as proxy:
+        for _ in range(4):
+            assert_completes(proxy, key.key)
+    wait_until_closed(proxy.url)
+
+
 def test_proxy_refuses_to_start_without_the_internal_secret(tmp_path: Path) -> None:
     env = clean_env(VKGATE_PROXY_ADDR=f"127.0.0.1:{free_port()}")
     result = vkgate("proxy", env=env, cwd=tmp_path)
