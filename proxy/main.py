@@ -83,7 +83,8 @@ def serve(settings: ProxySettings) -> None:
                 settings.host,
                 settings.port,
                 options,
-                stop_grace_s=settings.shutdown_grace_s,
+                # A worker finishes its requests, then ships its spool, each for up to the grace.
+                stop_grace_s=2 * settings.shutdown_grace_s,
             )
         except WorkersError as exc:
             sys.exit(f"vkgate proxy: {exc}")

@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.context import SpawnProcess
 from types import FrameType
@@ -41,6 +42,8 @@ STARTUP_FAILURE = 3
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
 """How often the parent looks for a worker that died."""
+EXIT_MARGIN_S = 5.0
+"""Allowed past a worker's own bound on stopping before it is killed."""
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -125,10 +128,7 @@ class Workers:
 
     def run(self) -> None:
         """Start the workers and keep them running until `stop` or one of `STOP_SIGNALS`."""
-        previous = {
-            signum: signal.signal(signum, self._on_signal)
-            for signum in STOP_SIGNALS
-        }
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         try:
             self.processes = [self._start() for _ in range(self.count)]
             event(log, "proxy_workers_started", workers=self.count, address=self._address)
@@ -190,10 +190,11 @@ class Workers:
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGTERM)
-        # Each worker drains its requests for up to the grace itself; a little more is allowed
-        # for its exit before it is killed.
+        # A worker bounds its own stop (`stop_grace_s`); a little more is allowed for its exit
+        # before it is killed. All were asked at once, so all take that time together.
+        deadline = time.monotonic() + self._stop_grace_s + EXIT_MARGIN_S
         for process in self.processes:
-            process.join(self._stop_grace_s + 5.0)
+            process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join()
