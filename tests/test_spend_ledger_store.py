@@ -23,7 +23,7 @@ from controlplane.ledger.client import LedgerError, connect
 from controlplane.ledger.queries import SINCE, SpendFilter
 from controlplane.ledger.queries import spend as spend_query
 from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS, Entry, Price, PricedEntry
-from controlplane.ledger.store import Ledger
+from controlplane.ledger.store import SINCE_TTL_S, Ledger
 from controlplane.settings import ControlPlaneSettings, LedgerLocation, ledger_location
 from controlplane.spend.pricing import Pricer, ProviderPricing, to_nanos
 from tests.conftest import serve_in_loop
@@ -298,6 +298,57 @@ def test_a_first_day_spend_read_skips_the_rows_ingested_after_the_sums_began(
         assert again.result_rows == indexed.result_rows
     finally:
         client.close()
+
+
+async def test_windows_a_day_past_the_start_of_the_daily_sums_are_read_from_them_alone(
+    fresh_database: LedgerLocation,
+) -> None:
+    migrate.upgrade(fresh_database)
+    now = 0.0
+    ledger = Ledger(fresh_database, monotonic=lambda: now)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    window = [SpendFilter(start=day, end=day + timedelta(days=1))]
+    client = connect(fresh_database)
+
+    def sums_began(moment: str) -> None:
+        client.command("TRUNCATE TABLE ledger_spend_daily_since")
+        client.command(f"INSERT INTO ledger_spend_daily_since VALUES ('{moment}')")
+
+    def ledger_rows_aside(aside: bool) -> None:
+        names = ("ledger_rows", "ledger_rows_aside")
+        client.command("RENAME TABLE {} TO {}".format(*(names if aside else names[::-1])))
+
+    try:
+        sums_began("2026-03-01 00:00:00")
+        await ledger.write([_priced(org, day, 700), _priced(org, day, 50)], [], AT)
+        ledger_rows_aside(True)
+        # Nothing of the window can be in the ledger's own part: it is not read at all.
+        assert (await ledger.spend(org, window, AT)).nanos == (750,)
+
+        # The sums made anew, later (a ledger created again): the reading of when they began
+        # is used until it is due to be read again, then the window needs the ledger's part.
+        sums_began("2026-03-10 00:00:00")
+        now = SINCE_TTL_S - 1
+        assert (await ledger.spend(org, window, AT)).nanos == (750,)
+        now = SINCE_TTL_S
+        with pytest.raises(LedgerError, match="ledger_rows"):
+            await ledger.spend(org, window, AT)
+        ledger_rows_aside(False)
+        assert (await ledger.spend(org, window, AT)).nanos == (750,)
+    finally:
+        client.close()
+        await ledger.close()
+
+
+def test_a_spend_read_leaves_the_ledger_rows_out_only_a_day_after_the_sums_began() -> None:
+    since = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    day = datetime(2026, 3, 2, tzinfo=UTC)
+    filters = [SpendFilter(start=day, end=day + timedelta(days=1))]
+    assert "ledger_rows" in spend_query("org", filters).sql  # not known
+    assert "ledger_rows" in spend_query("org", filters, since).sql  # 12 h after
+    assert "ledger_rows" not in spend_query("org", filters, since - timedelta(hours=12)).sql
+    # A window with no start reaches back before the sums.
+    assert "ledger_rows" in spend_query("org", [SpendFilter()], since - timedelta(days=9)).sql
 
 
 def test_a_budget_window_not_of_whole_days_is_refused() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,8 @@ from controlplane.ledger.rows import (
 from controlplane.settings import LedgerLocation
 
 T = TypeVar("T")
+SINCE_TTL_S = 60.0
+"""How long a reading of when the daily sums began is used before it is read again."""
 LEDGER_TABLE = "ledger_rows"
 ADMIT_TABLE = "ledger_admits"
 
@@ -54,7 +57,9 @@ class Written:
 
 
 class Ledger:
-    def __init__(self, location: LedgerLocation) -> None:
+    def __init__(
+        self, location: LedgerLocation, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         # At construction, so an app built on an embedded ledger without chDB fails at start-up
         # rather than on its first readiness probe.
         require_engine(location)
@@ -65,6 +70,9 @@ class Ledger:
         self._closed = False
         self._ping: asyncio.Future[None] | None = None
         self._spend_reads: dict[tuple[str, tuple[queries.SpendFilter, ...]], _SharedRead] = {}
+        self._monotonic = monotonic
+        self._since_read: tuple[datetime, float] | None = None
+        """When the daily sums began, and when that was read (on the ledger's thread only)."""
 
     async def _run(self, work: Callable[[Any], T]) -> T:
         if self._closed:
@@ -173,13 +181,23 @@ class Ledger:
     async def _read_spend(
         self, organization_id: str, filters: Sequence[queries.SpendFilter]
     ) -> tuple[int, ...]:
-        query = queries.spend(organization_id, filters)
-
         def work(client: Any) -> tuple[int, ...]:
+            query = queries.spend(organization_id, filters, self._since(client))
             result = client.query(query.sql, parameters=query.parameters)
             return tuple(int(v or 0) for v in result.result_rows[0])
 
         return await self._run(work)
+
+    def _since(self, client: Any) -> datetime:
+        """When the daily sums began (see `queries.spend`), read again every `SINCE_TTL_S`.
+
+        Written once, by the migration that made the sums, so it does not move; it is read
+        again all the same, for a ledger made anew under a running control plane."""
+        now = self._monotonic()
+        if self._since_read is None or now - self._since_read[1] >= SINCE_TTL_S:
+            since = client.query(f"SELECT {queries.SINCE}").result_rows[0][0]
+            self._since_read = (since, now)
+        return self._since_read[0]
 
     async def report(self, period: queries.Period, group_by: Sequence[str]) -> list[dict[str, Any]]:
         named = await self._named(queries.report(period, group_by))
