@@ -127,7 +127,7 @@ class Workers:
         self.processes: list[SpawnProcess] = []
 
     def run(self) -> None:
-        """Start the workers and keep them running until `stop` or one of `STOP_SIGNALS`."""
+        """Start the workers and keep them running until one of `STOP_SIGNALS` comes."""
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         try:
             self.processes = [self._start() for _ in range(self.count)]
@@ -139,9 +139,6 @@ class Workers:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._held.close()
-
-    def stop(self) -> None:
-        self._stop.set()
 
     @property
     def _address(self) -> str:

@@ -152,7 +152,8 @@ def spend(
         parameters["lo"], parameters["lo_at"] = _day(earliest), earliest
         daily += " AND day >= {lo:Date}"
         rows += f" AND at >= {{lo_at:{TIME}}}"
-    daily_part = f"SELECT cost_nano_usd, {', '.join(SCOPE_COLUMNS)}, day FROM {DAILY_TABLE} "  # noqa: S608
+    columns = ", ".join(SCOPE_COLUMNS)
+    daily_part = f"SELECT cost_nano_usd, {columns}, day FROM {DAILY_TABLE} "  # noqa: S608
     if since is not None and earliest is not None and earliest >= since + timedelta(days=1):
         sql = f"SELECT {', '.join(sums)} FROM ({daily_part}WHERE {daily})"  # noqa: S608
         return Query(sql, parameters)
