@@ -320,30 +320,28 @@ def test_proxy_health_reports_the_control_plane(deployment: Deployment) -> None:
         assert isinstance(body["controlplane"]["revision"], int)
 
 
-def test_proxy_served_by_granian_answers_requests(deployment: Deployment, tenant: Tenant) -> None:
+@pytest.mark.parametrize(
+    ("name", "setting"),
+    [
+        ("granian", {"VKGATE_PROXY_SERVER": "granian"}),
+        # Each worker on a socket of its own; the SDK's clients land on either.
+        ("workers", {"VKGATE_PROXY_WORKERS": "2"}),
+    ],
+)
+def test_proxy_served_another_way_answers_requests(
+    deployment: Deployment, tenant: Tenant, name: str, setting: dict[str, str]
+) -> None:
     key = new_key(deployment.controlplane, tenant)
     with proxy_process(
         deployment.controlplane.url,
-        deployment.workdir / "proxy-granian.log",
+        deployment.workdir / f"proxy-{name}.log",
         deployment.workdir,
-        VKGATE_PROXY_SERVER="granian",
+        **setting,
     ) as proxy:
         assert httpx.get(f"{proxy.url}/healthz", timeout=5).status_code == 200
-        assert_completes(proxy, key.key)
-    wait_until_closed(proxy.url)  # granian's worker processes went with it
-
-
-def test_proxy_with_two_workers_answers_requests(deployment: Deployment, tenant: Tenant) -> None:
-    key = new_key(deployment.controlplane, tenant)
-    with proxy_process(
-        deployment.controlplane.url,
-        deployment.workdir / "proxy-workers.log",
-        deployment.workdir,
-        VKGATE_PROXY_WORKERS="2",
-    ) as proxy:
         for _ in range(4):
             assert_completes(proxy, key.key)
-    wait_until_closed(proxy.url)
+    wait_until_closed(proxy.url)  # the worker processes went with it
 
 
 def test_proxy_refuses_to_start_without_the_internal_secret(tmp_path: Path) -> None:
