@@ -118,7 +118,8 @@ def test_each_worker_listens_itself_and_new_connections_reach_both(tmp_path: Pat
     with proxy_workers(tmp_path) as (proxy, port), ExitStack() as stack:
         held = listeners(proxy, port)
         assert sorted(held.values()) == [1, 1], proxy.output()
-        assert proxy.process.pid not in held  # the parent listens on nothing
+        # The parent holds the port but listens on nothing (no connection can wait on it).
+        assert not owners(sockets_on(port, LISTEN), [proxy.process.pid])
 
         connections = [
             stack.enter_context(socket.create_connection(("127.0.0.1", port)))
