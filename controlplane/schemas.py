@@ -112,11 +112,21 @@ async def page(
     size = page_size(limit)
     query = tx.scoped(query)
     if cursor:
-        if numeric and not cursor.isdigit():
-            raise invalid("cursor must be a cursor this route returned", param="cursor")
-        query = query.where(key > (int(cursor) if numeric else cursor))
+        query = query.where(key > (_numeric_cursor(cursor) if numeric else cursor))
     rows = list(await tx.session.scalars(query.order_by(key).limit(size + 1)))
     if len(rows) > size:
         rows = rows[:size]
         return rows, str(getattr(rows[-1], key.key))
     return rows, None
+
+
+MAX_ID = 2**63 - 1
+"""The largest integer key the databases store (BIGINT)."""
+
+
+def _numeric_cursor(cursor: str) -> int:
+    """An integer key's cursor: 0-9 only (`isdigit` alone also takes `²`, which `int` refuses),
+    and no larger than any key can be (the database would refuse the comparison)."""
+    if not (cursor.isascii() and cursor.isdigit()) or int(cursor) > MAX_ID:
+        raise invalid("cursor must be a cursor this route returned", param="cursor")
+    return int(cursor)

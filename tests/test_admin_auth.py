@@ -449,8 +449,15 @@ async def test_audit_log_pages_oldest_first_through_next_cursor(
 
 @pytest.mark.parametrize(
     ("params", "param"),
-    [({"cursor": "abc"}, "cursor"), ({"limit": "0"}, "limit"), ({"limit": "x"}, "limit")],
-    ids=["cursor-not-ours", "limit-zero", "limit-not-a-number"],
+    [
+        ({"cursor": "abc"}, "cursor"),
+        # Digits no id can be: past a 64-bit integer, and a digit that is not 0-9.
+        ({"cursor": "9" * 30}, "cursor"),
+        ({"cursor": "\u00b2"}, "cursor"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "x"}, "limit"),
+    ],
+    ids=["cursor-not-ours", "cursor-too-large", "cursor-superscript", "limit-zero", "limit-nan"],
 )
 async def test_audit_log_refuses_a_bad_cursor_or_limit(
     client: Client, params: dict[str, str], param: str
