@@ -66,7 +66,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.set_inheritable(False)
     return sock
 
 
@@ -131,7 +130,9 @@ class Workers:
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         try:
             self.processes = [self._start() for _ in range(self.count)]
-            event(log, "proxy_workers_started", workers=self.count, address=self._address)
+            event(
+                log, "proxy_workers_started", workers=self.count, address=f"{self.host}:{self.port}"
+            )
             while not self._stop.wait(POLL_S):
                 self._replace_dead()
         finally:
@@ -139,10 +140,6 @@ class Workers:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._held.close()
-
-    @property
-    def _address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._stop.set()
