@@ -25,6 +25,7 @@ from cachetools import TTLCache
 
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
+from proxy.pacer import Pacer, Sleep
 from proxy.providers import Provider
 from proxy.runtime import KeyRuntime, RouteCache
 from vkgate.clock import Clock, unix_seconds
@@ -39,6 +40,8 @@ log = logging.getLogger("vkgate.proxy.auth")
 # waits on the control plane.
 RESOLVE_AHEAD_S = 120.0
 REFRESH_CONCURRENCY = 8
+SPEND_REFRESH_INTERVAL_S = 1.0
+"""A budget's new spend is fetched at most this often (see `apply`)."""
 UNKNOWN_KEYS_MAX = 100_000
 """Unknown keys remembered at most: a flood of random keys costs bounded memory."""
 # Events after which a key the control plane did not know a moment ago may exist.
@@ -168,6 +171,8 @@ class AuthCache:
         config_ttl_s: float = 60.0,
         invalid_key_cache_s: float = 30.0,
         invalid_key_cache_size: int = UNKNOWN_KEYS_MAX,
+        spend_refresh_interval_s: float = SPEND_REFRESH_INTERVAL_S,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._control = control
         self._routes = RouteCache(providers)
@@ -187,6 +192,9 @@ class AuthCache:
         self._due: deque[Entry] = deque()
         """Entries waiting for a background refresh, oldest first."""
         self._refreshers = 0
+        self._spend_refreshes = Pacer(
+            self._refresh_spend, spend_refresh_interval_s, clock.monotonic, self._spawn, sleep
+        )
         # Digest -> the control plane's message. Monotonic time: a wall clock set back must
         # not keep a key refused for longer.
         self._unknown: TTLCache[str, str] = TTLCache(
@@ -461,11 +469,13 @@ class AuthCache:
                 )
             )
         elif spend_moved:
-            # Only the budget's spend moved, every few seconds on a busy budget: one bundle
-            # brings the new figure, and every key under the budget counts from it (see
-            # `on_compiled`). Refreshing each of them would keep the control plane busy with
-            # nothing else once thousands of keys share an organization's budget.
-            self._refresh_one(lambda r: any(b.budget_id == event.entity_id for b in r.budgets))
+            # Only the budget's spend moved: every segment a worker of any replica ships moves
+            # it, so a busy budget moves several times a second. One bundle brings the new
+            # figure, and every key under the budget counts from it (see `on_compiled`):
+            # refreshing each of them would keep the control plane busy with nothing else once
+            # thousands of keys share an organization's budget. And one a second is enough:
+            # the moves announced meanwhile are fetched together at the second's end.
+            self._spend_refreshes.ask(event.entity_id)
         elif kind in (EventKind.BUDGET_UPDATED, EventKind.BUDGET_DELETED):
             # A budget's scope never changes: only the keys it already applies to are affected.
             # (Spend debits one every few seconds, so this must not refresh a whole organization.)
@@ -509,6 +519,9 @@ class AuthCache:
         for entry in list(self._entries.unordered.values()):
             if affected(entry.runtime):
                 self._schedule_refresh(entry)
+
+    def _refresh_spend(self, budget_id: str) -> None:
+        self._refresh_one(lambda r: any(b.budget_id == budget_id for b in r.budgets))
 
     def _refresh_one(self, affected: Callable[[KeyRuntime], bool]) -> None:
         """Refresh one entry of those `affected` names: one already refreshing, if any (it goes

@@ -11,7 +11,14 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from proxy.auth import REFRESH_CONCURRENCY, RESOLVE_AHEAD_S, AuthCache, Entry, _Entries
+from proxy.auth import (
+    REFRESH_CONCURRENCY,
+    RESOLVE_AHEAD_S,
+    SPEND_REFRESH_INTERVAL_S,
+    AuthCache,
+    Entry,
+    _Entries,
+)
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
 from proxy.providers.mock import MockProvider
@@ -199,6 +206,11 @@ def make_cache(
     maxsize: int = 100,
     config_ttl_s: float = CONFIG_TTL_S,
 ) -> AuthCache:
+    async def sleep(seconds: float) -> None:
+        """A wait for paced spend refreshes: the time passes at once."""
+        clock.elapse(seconds)
+        await asyncio.sleep(0)
+
     return AuthCache(
         control,
         {"mock": MockProvider(clock)},
@@ -207,6 +219,7 @@ def make_cache(
         soft_bump_s=SOFT_BUMP_S,
         hard_grace_s=HARD_GRACE_S,
         config_ttl_s=config_ttl_s,
+        sleep=sleep,
     )
 
 
@@ -631,37 +644,51 @@ async def test_a_budget_update_refreshes_only_keys_it_applies_to(
     assert len(control.resolves) == 2  # the bundle changed, not the key
 
 
-async def test_a_budgets_spend_moving_refreshes_one_key_under_it_at_a_time(
-    cache: AuthCache, control: FakeControlPlane
+async def test_a_budgets_spend_moving_refreshes_one_key_under_it_once_a_second(
+    cache: AuthCache, control: FakeControlPlane, clock: ManualClock
 ) -> None:
     for name in ("a", "b", "c"):
         control.issue(f"vk-{name}", f"vk_{name}", budgets=[budget("bud-1")])
     control.issue("vk-d", "vk_d", budgets=[budget("bud-2")])
-    learnt: list[str] = []
-    cache.on_compiled = lambda runtime: learnt.append(runtime.vk_id)
+    clock.freeze()
+    learnt: list[tuple[str, float]] = []
+    cache.on_compiled = lambda runtime: learnt.append((runtime.vk_id, clock.monotonic()))
     for presented in ("vk-a", "vk-b", "vk-c", "vk-d"):
         await cache.authenticate(presented)
     spent = event(EventKind.BUDGET_UPDATED, "bud-1", entity_kind=SPEND_MOVED)
     for name in ("a", "b", "c"):
         control.key(f"vk_{name}").revision = 2  # their bundles now carry the new spend
 
+    began = clock.monotonic()
     cache.apply(spent)
     await cache.settle()
     [(refreshed, _)] = control.configs[4:]
     assert refreshed in {"vk_a", "vk_b", "vk_c"}
-    assert learnt[4:] == [refreshed]  # the budgets learn the figure its bundle brought
+    assert learnt[4:] == [(refreshed, began)]  # the budgets learn the figure its bundle brought
 
-    # A burst while that one refreshes: it goes round once more, and no other key is asked.
-    control.config_gate = asyncio.Event()
-    cache.apply(spent)
-    while len(control.configs) < 6:
-        await asyncio.sleep(0)
+    # Moves announced within the second (every worker of every replica ships a segment a
+    # second) wait for its end, and are then fetched together: one key, one fetch.
+    clock.elapse(0.25)
     for _ in range(5):
         cache.apply(spent)
+    await cache.settle()  # the pacer's wait passes at once (the clock moves on)
+    assert len(control.configs) == 6
+    [(_, fetched_at)] = learnt[5:]
+    assert fetched_at - began == pytest.approx(SPEND_REFRESH_INTERVAL_S)
+
+    # A second later a move is fetched at once, and one announced while that fetch runs
+    # (a second after it) sends the same key round once more: no other key is asked.
+    control.config_gate = asyncio.Event()
+    clock.elapse(SPEND_REFRESH_INTERVAL_S)
+    cache.apply(spent)
+    while len(control.configs) < 7:
+        await asyncio.sleep(0)
+    clock.elapse(SPEND_REFRESH_INTERVAL_S)
+    cache.apply(spent)
     control.config_gate.set()
     await cache.settle()
-    assert len(control.configs) == 7
-    assert len({vk for vk, _ in control.configs[5:]}) == 1
+    assert len(control.configs) == 8
+    assert len({vk for vk, _ in control.configs[6:]}) == 1
 
     # Every key but one is refused now (revoked meanwhile): events go on until one answers.
     kept = min({"vk_a", "vk_b", "vk_c"} - {refreshed})
