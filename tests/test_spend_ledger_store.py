@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from genai_prices import Usage, calc_price
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controlplane.app import create_app
 from controlplane.db import Database
@@ -25,7 +27,7 @@ from controlplane.ledger.queries import spend as spend_query
 from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS, Entry, Price, PricedEntry
 from controlplane.ledger.store import SINCE_TTL_S, Ledger
 from controlplane.settings import ControlPlaneSettings, LedgerLocation, ledger_location
-from controlplane.spend.pricing import Pricer, ProviderPricing, to_nanos
+from controlplane.spend.pricing import Pricer, ProviderPricing, Rates, Tokens, to_nanos
 from tests.conftest import serve_in_loop
 from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
@@ -440,6 +442,45 @@ def exact(usd: Decimal) -> int:
 )
 def test_a_price_rounds_once_to_the_nearest_nano_dollar_halves_up(usd: Decimal, nanos: int) -> None:
     assert to_nanos(usd) == nanos
+
+
+# Up to a million USD a token and a billion tokens of each kind: every exact price stays
+# within the 28 digits `to_nanos`'s rounding works in.
+_RATE = st.builds(
+    lambda digits, exponent: Decimal(digits).scaleb(exponent),
+    st.integers(min_value=0, max_value=10**12),
+    st.integers(min_value=-24, max_value=-6),
+)
+_COUNT = st.integers(min_value=0, max_value=10**9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rates=st.tuples(_RATE, _RATE, _RATE, _RATE), counts=st.tuples(_COUNT, _COUNT, _COUNT))
+def test_a_price_in_integers_is_the_decimal_price_to_the_nano_dollar(
+    rates: tuple[Decimal, Decimal, Decimal, Decimal], counts: tuple[int, int, int]
+) -> None:
+    uncached, output, cache_read = counts
+    cache_write = cache_read // 3
+    tokens = Tokens(uncached + cache_read + cache_write, output, cache_read, cache_write)
+    priced = Rates(*rates)
+    assert priced.nanos(tokens) == to_nanos(priced.usd(tokens))
+
+
+@pytest.mark.parametrize(
+    ("rate", "tokens", "nanos"),
+    [
+        ("0.0000000005", 1, 1),  # half a nano-dollar: up
+        ("0.0000000005", 3, 2),  # one and a half: up, not to even
+        ("0.00000000049999", 1, 0),
+        ("0.15", 7, 1_050_000_000),
+        ("2", 3, 6_000_000_000),  # a rate with no places at all
+        ("-0.0000000015", 1, -2),  # halves away from zero both ways, as `to_nanos`
+        ("1." + "0" * 90 + "5", 1, 1_000_000_000),  # more digits than EXACT keeps
+    ],
+)
+def test_a_price_in_integers_rounds_as_to_nanos(rate: str, tokens: int, nanos: int) -> None:
+    rates = Rates(Decimal(rate), Decimal(0), Decimal(0), Decimal(0))
+    assert rates.nanos(Tokens(tokens, 0, 0, 0)) == nanos
 
 
 @pytest.mark.parametrize(
