@@ -668,6 +668,8 @@ async def test_a_budgets_spend_moving_refreshes_one_key_under_it_once_a_second(
 
     # Moves announced within the second (every worker of every replica ships a segment a
     # second) wait for its end, and are then fetched together: one key, one fetch.
+    for name in ("a", "b", "c"):
+        control.key(f"vk_{name}").revision = 3  # whichever is asked brings a new bundle
     clock.elapse(0.25)
     for _ in range(5):
         cache.apply(spent)
