@@ -7,12 +7,14 @@ import dataclasses
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from genai_prices import Usage, calc_price
 from hypothesis import given, settings
@@ -20,12 +22,12 @@ from hypothesis import strategies as st
 
 from controlplane.app import create_app
 from controlplane.db import Database
-from controlplane.ledger import migrate
+from controlplane.ledger import migrate, queries, store
 from controlplane.ledger.client import LedgerError, connect
 from controlplane.ledger.queries import SINCE, SpendFilter
 from controlplane.ledger.queries import spend as spend_query
 from controlplane.ledger.rows import ADMIT_COLUMNS, LEDGER_COLUMNS, Entry, Price, PricedEntry
-from controlplane.ledger.store import SINCE_TTL_S, Ledger
+from controlplane.ledger.store import SINCE_TTL_S, Ledger, Written
 from controlplane.settings import ControlPlaneSettings, LedgerLocation, ledger_location
 from controlplane.spend.pricing import Pricer, ProviderPricing, Rates, Tokens, to_nanos
 from tests.conftest import serve_in_loop
@@ -252,6 +254,102 @@ async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
         assert after.as_of == AT + timedelta(seconds=2)
         assert reads == 3
     finally:
+        await ledger.close()
+
+
+async def test_writes_asked_for_during_a_write_go_together_and_each_learns_its_own(
+    fresh_database: LedgerLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    batches: list[int] = []
+    together = store._write_together
+
+    def counted(client: Any, batch: Sequence[Any]) -> list[Written]:
+        batches.append(len(batch))
+        return together(client, batch)
+
+    monkeypatch.setattr(store, "_write_together", counted)
+    lookups: list[int] = []
+    stored_ids = queries.stored_ids
+
+    def looked_up(table: str, ranges: Sequence[Any], organizations: Any = None) -> Any:
+        lookups.append(len(ranges))
+        return stored_ids(table, ranges, organizations)
+
+    monkeypatch.setattr(queries, "stored_ids", looked_up)
+
+    def admit(priced: PricedEntry) -> Entry:
+        record = priced.entry.record
+        admitted = msgspec.structs.replace(record, id=f"admit-{record.id}", kind="admit")
+        return Entry(admitted, priced.entry.at, "seg-b")
+
+    first, shared, second = (_priced(org, day, cost) for cost in (1, 20, 300))
+    third = _priced(org, day, 4_000, replica_id="replica-b")  # another replica's
+    gate = threading.Event()
+    try:
+        # The ledger's thread is busy: the first write waits for it, and the three asked for
+        # meanwhile wait for the first.
+        busy = asyncio.ensure_future(ledger._run(lambda client: gate.wait(30)))
+        writes = [asyncio.ensure_future(ledger.write([first], [], AT))]
+        await asyncio.sleep(0)
+        writes += [
+            asyncio.ensure_future(ledger.write([shared, second], [admit(second)], AT)),
+            asyncio.ensure_future(ledger.write([shared], [admit(second)], AT)),  # both again
+            asyncio.ensure_future(ledger.write([first, third], [], AT)),  # the first again
+        ]
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
+        a, b, c, d = await asyncio.gather(*writes)
+    finally:
+        gate.set()
+        await ledger.close()
+    assert batches == [1, 3]
+    # One lookup per table and batch, however many replicas: the first batch's rows (it has
+    # no admits), then the second's rows of two replicas, and its admits.
+    assert lookups == [1, 2, 1]
+    assert (a.rows, a.duplicate_rows) == ([first], [])
+    assert (b.rows, b.duplicate_rows, b.admits, b.duplicate_admits) == ([shared, second], [], 1, 0)
+    assert (c.rows, c.duplicate_rows, c.admits, c.duplicate_admits) == ([], [shared], 0, 1)
+    assert (d.rows, d.duplicate_rows) == ([third], [first])
+    ledger = Ledger(fresh_database)
+    try:
+        [total] = (await ledger.spend(org, [SpendFilter()], AT)).nanos
+    finally:
+        await ledger.close()
+    assert total == 4_321  # each row once
+
+
+async def test_a_failed_write_fails_every_write_that_went_with_it(
+    fresh_database: LedgerLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+
+    def refused(client: Any, batch: Sequence[Any]) -> list[Written]:
+        raise LedgerError("the ledger is full", cause="full")
+
+    monkeypatch.setattr(store, "_write_together", refused)
+    gate = threading.Event()
+    try:
+        busy = asyncio.ensure_future(ledger._run(lambda client: gate.wait(30)))
+        writes = [
+            asyncio.ensure_future(ledger.write([_priced(org, day, n)], [], AT)) for n in (1, 2, 3)
+        ]
+        await asyncio.sleep(0)
+        gate.set()
+        await busy
+        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        assert [type(o) for o in outcomes] == [LedgerError] * 3
+        # The next write is a write of its own again.
+        monkeypatch.undo()
+        written = await ledger.write([_priced(org, day, 7)], [], AT)
+        assert len(written.rows) == 1
+    finally:
+        gate.set()
         await ledger.close()
 
 

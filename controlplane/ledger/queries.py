@@ -77,15 +77,20 @@ class Query:
     parameters: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaRange:
+    """One replica's records numbered within `seqs` and timed within `times`, both inclusive."""
+
+    replica_id: str
+    seqs: tuple[int, int]
+    times: tuple[datetime, datetime]
+
+
 def stored_ids(
-    table: str,
-    replica_id: str,
-    seqs: tuple[int, int],
-    times: tuple[datetime, datetime],
-    organizations: Sequence[str] | None = None,
+    table: str, ranges: Sequence[ReplicaRange], organizations: Sequence[str] | None = None
 ) -> Query:
-    """Ids the table holds of one replica's records numbered within `seqs` and timed within
-    `times` (both inclusive), of `organizations` when given.
+    """Ids the table holds of the records within any of `ranges`, of `organizations` when
+    given: one query for the segments of every replica written together.
 
     What a segment's duplicates are looked up with: a record's id, replica and number are
     fixed when its proxy writes it, so any copy the ledger holds of a segment's records is
@@ -93,21 +98,29 @@ def stored_ids(
     cost three times the query itself. The time range (and organizations) narrow the search to
     the sorting key's prefix.
     """
+    if not ranges:
+        raise ValueError("stored_ids needs at least one range")
     narrowing = ""
     parameters: dict[str, Any] = {
-        "lo": times[0],
-        "hi": times[1],
-        "replica": replica_id,
-        "first": seqs[0],
-        "last": seqs[1],
+        "lo": min(r.times[0] for r in ranges),
+        "hi": max(r.times[1] for r in ranges),
     }
     if organizations is not None:
         narrowing = "organization_id IN {orgs:Array(String)} AND "
         parameters["orgs"] = sorted(set(organizations))
+    each = []
+    for n, r in enumerate(ranges):
+        each.append(
+            f"(replica_id = {{replica{n}:String}} AND at >= {{lo{n}:{TIME}}} "
+            f"AND at <= {{hi{n}:{TIME}}} AND seq >= {{first{n}:UInt64}} "
+            f"AND seq <= {{last{n}:UInt64}})"
+        )
+        parameters[f"replica{n}"] = r.replica_id
+        parameters[f"lo{n}"], parameters[f"hi{n}"] = r.times
+        parameters[f"first{n}"], parameters[f"last{n}"] = r.seqs
     return Query(
         f"SELECT id FROM {table} WHERE {narrowing}"  # noqa: S608
-        f"at >= {{lo:{TIME}}} AND at <= {{hi:{TIME}}} AND replica_id = {{replica:String}} "
-        "AND seq >= {first:UInt64} AND seq <= {last:UInt64}",
+        f"at >= {{lo:{TIME}}} AND at <= {{hi:{TIME}}} AND ({' OR '.join(each)})",
         parameters,
     )
 
