@@ -8,7 +8,12 @@ outcomes over a few models, ~600 bytes each, as a busy proxy writes them) and ti
 - "ledger write": the id lookup and the insert alone;
 - "re-ship": the same segment again, all duplicates (what a proxy retry costs).
 
+With `--together N`, it then ships N fresh segments of each size at once, each from a replica of
+its own (as the workers of many replicas ship theirs), and times the ledger writes of all N
+("N at once"): writes asked for while one is under way go together as one.
+
     .venv/bin/python bench/ledger_ingest.py [--sizes 1000,10000] [--segments 5]
+    .venv/bin/python bench/ledger_ingest.py --sizes 20,200 --together 10,20
 
 Rows per second count every record of a segment (admits too).
 """
@@ -188,6 +193,52 @@ async def run(sizes: list[int], rounds: int, directory: Path) -> list[Sample]:
     return samples
 
 
+def replica_segment(size: int, replica: str, org: str, provider: str, at: datetime) -> Any:
+    """A checked, priced segment of `size` records from `replica`."""
+    made = make_segment(size, org, provider, at)
+    records = [msgspec.structs.replace(r, replica_id=replica) for r in made.records]
+    made = msgspec.structs.replace(made, replica_id=replica, records=records)
+    return segments.check(segments.decode(msgspec.json.encode(made)))
+
+
+async def together(
+    sizes: list[int], counts: list[int], rounds: int, directory: Path
+) -> list[tuple[int, int, float, float]]:
+    """(size, count, wall s, process CPU s), medians over `rounds`, of `count` writes at once."""
+    location = LedgerLocation(kind="chdb", path=directory / "ledger-together")
+    upgrade_ledger(location)
+    ledger, pricer = Ledger(location), Pricer()
+    start = datetime.now(UTC) - timedelta(hours=1)
+    found = []
+    try:
+        for size in sizes:
+            for count in counts:
+                times = []
+                for _ in range(rounds):
+                    checked = [
+                        replica_segment(size, f"replica-{n}", "org_bench", "prov_bench", start)
+                        for n in range(count)
+                    ]
+                    start += timedelta(minutes=1)
+                    priced = [(service._price(pricer, c.outcomes, {}), c.admits) for c in checked]
+                    now = datetime.now(UTC)
+                    began, cpu = time.perf_counter(), time.process_time()
+                    written = await asyncio.gather(*(ledger.write(p, a, now) for p, a in priced))
+                    times.append((time.perf_counter() - began, time.process_time() - cpu))
+                    assert all(len(w.rows) + w.admits == size for w in written), written
+                found.append(
+                    (
+                        size,
+                        count,
+                        statistics.median(t[0] for t in times),
+                        statistics.median(t[1] for t in times),
+                    )
+                )
+    finally:
+        await ledger.close()
+    return found
+
+
 def table(samples: list[Sample]) -> str:
     header = (
         f"{'records/segment':>15}  {'body MB':>7}  {'end to end rows/s':>17}  "
@@ -211,12 +262,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="1000,10000", help="records per segment, comma list")
     parser.add_argument("--segments", type=int, default=5, help="segments shipped per size")
+    parser.add_argument("--together", default="", help="segments shipped at once, comma list")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    counts = [int(n) for n in args.together.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="vkgate-ledger-bench-") as directory:
         samples = asyncio.run(run(sizes, args.segments, Path(directory)))
+        found = asyncio.run(together(sizes, counts, args.segments, Path(directory)))
     print(f"spend ingestion on embedded chDB, median of {args.segments} segments per size")
     print(table(samples))
+    if found:
+        print(f"\nsegments shipped at once, ledger writes only, median of {args.segments} rounds")
+        print(
+            f"{'records/segment':>15}  {'at once':>7}  {'wall ms':>8}  {'CPU ms':>8}  {'CPU ms/segment':>14}"
+        )
+        for size, count, wall, cpu in found:
+            print(
+                f"{size:>15,}  {count:>7}  {wall * 1000:>8.0f}  {cpu * 1000:>8.0f}  "
+                f"{cpu * 1000 / count:>14.1f}"
+            )
 
 
 if __name__ == "__main__":
