@@ -25,10 +25,10 @@ from cachetools import TTLCache
 
 from proxy.control import Config, Refused, Unreachable
 from proxy.errors import ProxyError
-from proxy.pacer import Pacer, Sleep
+from proxy.pacer import Pacer
 from proxy.providers import Provider
 from proxy.runtime import KeyRuntime, RouteCache
-from vkgate.clock import Clock, unix_seconds
+from vkgate.clock import Clock, Sleep, unix_seconds
 from vkgate.errors import ErrorCode
 from vkgate.keys import key_sha256
 from vkgate.logs import event

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
+
+from vkgate.clock import Sleep
 
 log = logging.getLogger("vkgate.proxy.pacer")
 
-Sleep = Callable[[float], Awaitable[None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], object]
 
 PRUNE_AT_LEAST = 1024

@@ -257,6 +257,24 @@ async def test_a_spend_read_asked_while_the_same_one_runs_shares_it(
         await ledger.close()
 
 
+async def _written_while_busy(
+    ledger: Ledger, writes: Sequence[tuple[list[PricedEntry], list[Entry]]]
+) -> list[Written | BaseException]:
+    """`writes` asked for while the ledger's thread is busy with something else: the first
+    waits for it alone, and the rest, asked while the first waits, wait for the first."""
+    gate = threading.Event()
+    busy = asyncio.ensure_future(ledger._run(lambda client: gate.wait(30)))
+    try:
+        asked = [asyncio.ensure_future(ledger.write(*writes[0], AT))]
+        await asyncio.sleep(0)  # the first has its batch to itself
+        asked += [asyncio.ensure_future(ledger.write(*w, AT)) for w in writes[1:]]
+        await asyncio.sleep(0)
+    finally:
+        gate.set()
+    await busy
+    return await asyncio.gather(*asked, return_exceptions=True)
+
+
 async def test_writes_asked_for_during_a_write_go_together_and_each_learns_its_own(
     fresh_database: LedgerLocation, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -287,25 +305,20 @@ async def test_writes_asked_for_during_a_write_go_together_and_each_learns_its_o
 
     first, shared, second = (_priced(org, day, cost) for cost in (1, 20, 300))
     third = _priced(org, day, 4_000, replica_id="replica-b")  # another replica's
-    gate = threading.Event()
     try:
-        # The ledger's thread is busy: the first write waits for it, and the three asked for
-        # meanwhile wait for the first.
-        busy = asyncio.ensure_future(ledger._run(lambda client: gate.wait(30)))
-        writes = [asyncio.ensure_future(ledger.write([first], [], AT))]
-        await asyncio.sleep(0)
-        writes += [
-            asyncio.ensure_future(ledger.write([shared, second], [admit(second)], AT)),
-            asyncio.ensure_future(ledger.write([shared], [admit(second)], AT)),  # both again
-            asyncio.ensure_future(ledger.write([first, third], [], AT)),  # the first again
-        ]
-        await asyncio.sleep(0)
-        gate.set()
-        await busy
-        a, b, c, d = await asyncio.gather(*writes)
+        results = await _written_while_busy(
+            ledger,
+            [
+                ([first], []),
+                ([shared, second], [admit(second)]),
+                ([shared], [admit(second)]),  # both again
+                ([first, third], []),  # the first again
+            ],
+        )
     finally:
-        gate.set()
         await ledger.close()
+    assert all(isinstance(r, Written) for r in results), results
+    a, b, c, d = results
     assert batches == [1, 3]
     # One lookup per table and batch, however many replicas: the first batch's rows (it has
     # no admits), then the second's rows of two replicas, and its admits.
@@ -333,23 +346,16 @@ async def test_a_failed_write_fails_every_write_that_went_with_it(
         raise LedgerError("the ledger is full", cause="full")
 
     monkeypatch.setattr(store, "_write_together", refused)
-    gate = threading.Event()
     try:
-        busy = asyncio.ensure_future(ledger._run(lambda client: gate.wait(30)))
-        writes = [
-            asyncio.ensure_future(ledger.write([_priced(org, day, n)], [], AT)) for n in (1, 2, 3)
-        ]
-        await asyncio.sleep(0)
-        gate.set()
-        await busy
-        outcomes = await asyncio.gather(*writes, return_exceptions=True)
+        outcomes = await _written_while_busy(
+            ledger, [([_priced(org, day, n)], []) for n in (1, 2, 3)]
+        )
         assert [type(o) for o in outcomes] == [LedgerError] * 3
         # The next write is a write of its own again.
         monkeypatch.undo()
         written = await ledger.write([_priced(org, day, 7)], [], AT)
         assert len(written.rows) == 1
     finally:
-        gate.set()
         await ledger.close()
 
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
+
+Sleep = Callable[[float], Awaitable[None]]
+"""A wait of so many seconds (`asyncio.sleep` in production), injected beside the clock so a
+test passes the time at once."""
 
 
 class Clock(Protocol):

@@ -28,14 +28,13 @@ from collections.abc import Awaitable, Callable
 
 from proxy.control import Refused
 from proxy.spend.spool import LoadedSegment, Segment, SpendSpool
-from vkgate.clock import Clock
+from vkgate.clock import Clock, Sleep
 from vkgate.logs import event
 from vkgate.spend import SpendAck
 
 log = logging.getLogger("vkgate.proxy.spend")
 
 Ship = Callable[[bytes], Awaitable[SpendAck]]
-Sleep = Callable[[float], Awaitable[None]]
 
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 60.0
