@@ -12,6 +12,7 @@ segment stays readable with `cut -d' ' -f1` or a text editor. The checksum is ne
 from __future__ import annotations
 
 import zlib
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -67,12 +68,25 @@ def scan(data: bytes, *, decode: bool) -> Scan:
     A line is good when it ends with `\\n`, its checksum holds and (with `decode`) it decodes.
     Without `decode` only the first good line is decoded, for the segment's first record time.
     """
+    return finish(scan_in_steps(data, decode=decode))
+
+
+def scan_in_steps(
+    data: bytes, *, decode: bool, lines_per_step: int = 0
+) -> Generator[None, None, Scan]:
+    """`scan`, pausing (yielding) after every `lines_per_step` lines (0: never); the `Scan` is
+    what it returns. The event loop runs it a step at a time between requests."""
     result = Scan()
+    budget = lines_per_step
     view = memoryview(data)
     start = 0
     bad_since_good = 0
     size = len(data)
     while start < size:
+        budget -= 1
+        if budget == 0:
+            budget = lines_per_step
+            yield
         end = data.find(b"\n", start)
         if end < 0:
             break  # no newline: the last write never finished
@@ -102,6 +116,16 @@ def scan(data: bytes, *, decode: bool) -> Scan:
         start = end + 1
     result.torn = size - result.good_end
     return result
+
+
+def finish(steps: Generator[None, None, Scan]) -> Scan:
+    """What `scan_in_steps` returns, run to its end without pausing."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        scanned: Scan = done.value
+        return scanned
 
 
 def _glued_start(data: bytes, start: int, end: int) -> int:

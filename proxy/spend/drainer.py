@@ -142,7 +142,7 @@ class SpoolDrainer:
         segment.in_flight = True
         try:
             try:
-                loaded = await asyncio.to_thread(SpendSpool.load, segment)
+                loaded = await SpendSpool.load_async(segment)
             except FileNotFoundError:
                 self._spool.reject(segment, None, "its file vanished before it was shipped")
                 return True

@@ -3,6 +3,7 @@ sequence to continue, orphaned replica directories, and a process killed while i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from proxy.spend.spool import SpendSpool
+from proxy.spend import _lines
+from proxy.spend.spool import LOAD_LINES_PER_STEP, SpendSpool
 from tests.proxy.spool_support import (
     SteppedClock,
     line,
@@ -192,6 +194,63 @@ class TestLeftBehind:
         assert same.segment_id == segment.segment_id
         assert SpendSpool.load(same).body == before  # so the ledger sees duplicates only
         again.close()
+
+    def test_a_scan_in_steps_pauses_every_so_many_lines_and_finds_what_scan_finds(self) -> None:
+        lines = [line(stamped(REPLICA, seq)) for seq in range(1, 6)]
+        lines[2] = lines[2].replace(b'"seq":3', b'"seq":8')  # fails its checksum
+        data = b"".join(lines) + lines[4][:20]  # and a torn tail
+        steps = _lines.scan_in_steps(data, decode=True, lines_per_step=2)
+        pauses = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                stepped = done.value
+                break
+            pauses += 1
+        assert pauses == 3  # before the 2nd, 4th and 6th (torn) line's step
+        assert stepped == _lines.scan(data, decode=True)
+        assert (len(stepped.records), stepped.corrupt, stepped.torn) == (4, 1, 20)
+
+    async def test_a_segment_read_for_shipping_lets_requests_run_between_steps(
+        self, tmp_path: Path, clock: SteppedClock
+    ) -> None:
+        # Its lines are checked on the event loop, a step at a time: a task that counts its
+        # turns runs between the steps, and the body is the one `load` reads, damage included.
+        directory = replica_dir(tmp_path, REPLICA)
+        count = 3 * LOAD_LINES_PER_STEP
+        lines = [line(stamped(REPLICA, seq)) for seq in range(1, count + 1)]
+        lines[5] = lines[5].replace(b'"seq":6', b'"seq":9')
+        (directory / f"{1:020d}.seg").write_bytes(b"".join(lines))
+        (directory / "seq").write_text(f"{count}\n")
+        spool = SpendSpool.open(tmp_path, clock)
+        [segment] = spool.pending_segments()
+        read = asyncio.Event()
+        turns_after_read = 0
+
+        async def serving() -> None:
+            nonlocal turns_after_read
+            while True:
+                if read.is_set():
+                    turns_after_read += 1
+                await asyncio.sleep(0)
+
+        async def read_then_scan() -> bytes:
+            data = segment.path.read_bytes()
+            read.set()
+            return data
+
+        task = asyncio.create_task(serving())
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr("proxy.spend.spool.off_loop", lambda _work: read_then_scan())
+                loaded = await SpendSpool.load_async(segment)
+        finally:
+            task.cancel()
+        assert loaded == SpendSpool.load(segment)
+        assert (loaded.records, loaded.corrupt) == (count - 1, 1)
+        assert turns_after_read >= 3  # one after each step of LOAD_LINES_PER_STEP lines
+        spool.close()
 
 
 class TestOrphans:
