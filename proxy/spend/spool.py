@@ -113,8 +113,9 @@ Shipped gzipped (about 300 KiB) to a control plane that takes it, a segment stay
 1 MiB a reverse proxy in front of it allows by default (nginx's `client_max_body_size`); the
 control plane itself takes segments up to 128 MiB (`SPEND_SEGMENT_MAX_BYTES`)."""
 LOAD_LINES_PER_STEP = 128
-"""Lines `load_async` checks between two turns of the event loop: some 0.2-0.5 ms of checksums,
-so shipping a full segment (about 4,800 lines) never holds a request up for longer."""
+"""Lines `load_async` checks between two turns of the event loop: some 0.2-0.5 ms of checksums.
+Joining a full segment's lines into its body then takes one C call of about 1 ms, in a thread
+or not (it holds the GIL throughout)."""
 MAX_HEADROOM_BYTES = 16 * MIB
 HELD_MAX = 100_000
 """Outcome records kept in memory while the spool cannot write (some 100 MB at most)."""
@@ -618,8 +619,8 @@ class SpendSpool:
         """`load` for the event loop: the file is read in a thread, and its lines are checked
         on the loop, `LOAD_LINES_PER_STEP` at a time between requests.
 
-        Checked in a thread instead, they held the GIL for its whole switch interval (5 ms) at
-        a time while the loop waited for it: that was much of the c=1 p99 (bench/README.md).
+        Checked in a thread instead, they held the GIL for up to Python's switch interval at a
+        time while the loop waited for it: that was much of the c=1 p99 (bench/README.md).
         """
         data = await off_loop(segment.path.read_bytes)
         steps = _lines.scan_in_steps(
