@@ -12,7 +12,7 @@ segment stays readable with `cut -d' ' -f1` or a text editor. The checksum is ne
 from __future__ import annotations
 
 import zlib
-from collections.abc import Generator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -68,15 +68,17 @@ def scan(data: bytes, *, decode: bool) -> Scan:
     A line is good when it ends with `\\n`, its checksum holds and (with `decode`) it decodes.
     Without `decode` only the first good line is decoded, for the segment's first record time.
     """
-    return finish(scan_in_steps(data, decode=decode))
+    result = Scan()
+    for _ in scan_in_steps(data, result, decode=decode):
+        pass
+    return result
 
 
 def scan_in_steps(
-    data: bytes, *, decode: bool, lines_per_step: int = 0
-) -> Generator[None, None, Scan]:
-    """`scan`, pausing (yielding) after every `lines_per_step` lines (0: never); the `Scan` is
-    what it returns. The event loop runs it a step at a time between requests."""
-    result = Scan()
+    data: bytes, result: Scan, *, decode: bool, lines_per_step: int = 0
+) -> Iterator[None]:
+    """`scan` into `result`, pausing (yielding) after every `lines_per_step` lines (0: never):
+    the event loop runs it a step at a time between requests."""
     budget = lines_per_step
     view = memoryview(data)
     start = 0
@@ -115,17 +117,6 @@ def scan_in_steps(
                 result.last_seq = max(result.last_seq, record.seq)
         start = end + 1
     result.torn = size - result.good_end
-    return result
-
-
-def finish(steps: Generator[None, None, Scan]) -> Scan:
-    """What `scan_in_steps` returns, run to its end without pausing."""
-    try:
-        while True:
-            next(steps)
-    except StopIteration as done:
-        scanned: Scan = done.value
-        return scanned
 
 
 def _glued_start(data: bytes, start: int, end: int) -> int:

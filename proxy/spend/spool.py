@@ -623,15 +623,13 @@ class SpendSpool:
         time while the loop waited for it: that was much of the c=1 p99 (bench/README.md).
         """
         data = await off_loop(segment.path.read_bytes)
+        scan = _lines.Scan()
         steps = _lines.scan_in_steps(
-            data, decode=not segment.ours, lines_per_step=LOAD_LINES_PER_STEP
+            data, scan, decode=not segment.ours, lines_per_step=LOAD_LINES_PER_STEP
         )
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return _loaded(segment, done.value)
+        for _ in steps:
             await asyncio.sleep(0)
+        return _loaded(segment, scan)
 
     def acknowledge(self, segment: Segment, loaded: LoadedSegment) -> None:
         """The ledger has the segment: delete it."""
