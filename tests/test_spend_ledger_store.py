@@ -9,7 +9,7 @@ import secrets
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
@@ -284,9 +284,9 @@ async def test_writes_asked_for_during_a_write_go_together_and_each_learns_its_o
     batches: list[int] = []
     together = store._write_together
 
-    def counted(client: Any, batch: Sequence[Any]) -> list[Written]:
+    def counted(client: Any, batch: Sequence[Any], inserts: Any) -> list[Written]:
         batches.append(len(batch))
-        return together(client, batch)
+        return together(client, batch, inserts)
 
     monkeypatch.setattr(store, "_write_together", counted)
     lookups: list[int] = []
@@ -342,7 +342,7 @@ async def test_a_failed_write_fails_every_write_that_went_with_it(
     ledger = Ledger(fresh_database)
     org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
 
-    def refused(client: Any, batch: Sequence[Any]) -> list[Written]:
+    def refused(client: Any, batch: Sequence[Any], inserts: Any) -> list[Written]:
         raise LedgerError("the ledger is full", cause="full")
 
     monkeypatch.setattr(store, "_write_together", refused)
@@ -357,6 +357,69 @@ async def test_a_failed_write_fails_every_write_that_went_with_it(
         assert len(written.rows) == 1
     finally:
         await ledger.close()
+
+
+def test_a_table_is_described_for_its_first_insert_and_again_after_one_fails(
+    fresh_database: LedgerLocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate.upgrade(fresh_database)
+    client = connect(fresh_database)
+    described: list[str] = []
+    describe = client.create_insert_context
+
+    def counted(table: str, *args: Any, **kwargs: Any) -> Any:
+        described.append(table)
+        return describe(table, *args, **kwargs)
+
+    monkeypatch.setattr(client, "create_insert_context", counted)
+    inserts = store._Inserts()
+    try:
+        client.command("CREATE TABLE scratch (id String, n UInt32) ENGINE = MergeTree ORDER BY id")
+        inserts.insert(client, "scratch", ("id", "n"), [["a", 1]])
+        inserts.insert(client, "scratch", ("id", "n"), [["b", 2]])
+        assert described == ["scratch"]
+        # Changed under a running control plane: the insert made for the old column's type
+        # fails...
+        client.command("ALTER TABLE scratch MODIFY COLUMN n String")
+        with pytest.raises(ValueError, match="'three'"):
+            inserts.insert(client, "scratch", ("id", "n"), [["c", "three"]])
+        # ...and the next one describes the table again.
+        inserts.insert(client, "scratch", ("id", "n"), [["c", "three"]])
+        assert described == ["scratch", "scratch"]
+        rows = client.query("SELECT id, n FROM scratch ORDER BY id").result_rows
+        assert rows == [("a", "1"), ("b", "2"), ("c", "three")]
+    finally:
+        client.close()
+
+
+async def test_a_row_keeps_its_ingestion_time_to_the_microsecond(
+    fresh_database: LedgerLocation,
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    priced = _priced(org, day, 5)
+    admit = Entry(
+        msgspec.structs.replace(
+            priced.entry.record, id=f"admit-{secrets.token_hex(4)}", kind="admit"
+        ),
+        priced.entry.at,
+        "seg-a",
+    )
+    ingested_at = datetime(2026, 3, 10, 16, 30, 1, 123456, tzinfo=timezone(timedelta(hours=2)))
+    try:
+        await ledger.write([priced], [admit], ingested_at)
+    finally:
+        await ledger.close()
+    client = connect(fresh_database)
+    try:
+        stored = [
+            client.query(f"SELECT ingested_at FROM {table}").result_rows
+            for table in (store.LEDGER_TABLE, store.ADMIT_TABLE)
+        ]
+    finally:
+        client.close()
+    assert stored == [[(ingested_at,)], [(ingested_at,)]]
 
 
 def test_a_first_day_spend_read_skips_the_rows_ingested_after_the_sums_began(
