@@ -28,6 +28,7 @@ from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
 from proxy.limits.counters import LocalCounters
 from proxy.limits.store import Counters
+from proxy.pace import pace_of
 from proxy.providers import HttpClient, Timeouts, registry
 from proxy.settings import ProxySettings
 from proxy.spend.drainer import SpoolDrainer
@@ -261,6 +262,7 @@ async def _start(
         spend_source=control,
         metrics=running.metrics,
         tracing=tracing,
+        pace=pace_of(asyncio.get_running_loop()),
     )
     spool.on_ledgered = gateway.budgets.ledgered_through
     cache.on_compiled = lambda runtime: gateway.budgets.learn(runtime.budget_rules)

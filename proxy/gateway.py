@@ -38,6 +38,7 @@ from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
 from proxy.limits.guard import Governor, Hold
 from proxy.limits.store import Counters
+from proxy.pace import Pace
 from proxy.providers import Upstream
 from proxy.providers.base import WireFormat
 from proxy.runtime import KeyRuntime
@@ -133,7 +134,10 @@ class Gateway:
         spend_source: BucketSpendSource | None = None,
         metrics: ProxyMetrics | None = None,
         tracing: Tracing | None = None,
+        pace: Pace | None = None,
     ) -> None:
+        """`pace` is its event loop's (`pace_of`), where the server and the provider client of
+        that loop read how many requests are in flight; a `Pace` of its own without one."""
         clock = clock or SystemClock()
         self._tracing = tracing
         self._keys = KeyGuard(
@@ -162,6 +166,7 @@ class Gateway:
         self._max_in_flight = settings.max_in_flight
         self.in_flight = 0
         """Paid requests admitted and not yet finished."""
+        self._pace = pace or Pace()
         self._cache = cache
         self._spool = spool
         self._now = clock.monotonic
@@ -395,6 +400,7 @@ class Gateway:
                 ticket.settle(outcome, status, code, self._now())
             if admitted:
                 self.in_flight -= 1
+                self._pace.in_flight -= 1
             try:
                 if hold is not None and ticket is not None:
                     await self._finish(hold, ticket, outcome)
@@ -437,6 +443,7 @@ class Gateway:
                 headers=((b"retry-after", b"1"),),
             )
         self.in_flight += 1
+        self._pace.in_flight += 1
 
     async def _finish(self, hold: Hold, ticket: records.Ticket, outcome: Outcome) -> None:
         """Release what the request held and count what it spent, from its outcome record."""

@@ -9,18 +9,22 @@ import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from proxy.pace import pace_of
+
 if TYPE_CHECKING:
     from proxy.http1._protocol import OneWriteHttpToolsProtocol
 
 
 class OneWrite:
-    """A transport that holds one write until the next write or the loop's next turn."""
+    """A transport that holds one write until the next write or the loop's next turn, and a
+    whole answer (`writelines`) until the loop's next turn while its `Pace` is busy."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_pace", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
+        self._pace = pace_of(loop)
         self._held: bytes | None = None
 
     def write(self, data: bytes) -> None:
@@ -37,6 +41,13 @@ class OneWrite:
         held, self._held = self._held, None
         if held is not None:
             data = (held, *data)
+        if self._pace.busy:
+            # Sent with the loop's other writes at its next turn (see proxy/pace.py); what
+            # is written meanwhile goes after it.
+            self._held = b"".join(data)
+            if held is None:
+                self._loop.call_soon(self._flush)
+            return
         self._transport.writelines(data)
 
     def _flush(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import httptools
 
+from proxy.pace import pace_of
 from proxy.providers.base import ProviderTimeout, ProviderUnreachable
 
 STALE_WINDOW_S = 1.0
@@ -100,6 +101,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "_loop",
+        "_pace",
         "_release",
         "aborted",
         "clean",
@@ -119,6 +121,7 @@ class Connection(asyncio.Protocol):
     ):
         self.origin = origin
         self._loop = loop
+        self._pace = pace_of(loop)
         self._release = release
         self.transport: asyncio.Transport | None = None
         self.response: Response | None = None
@@ -156,6 +159,12 @@ class Connection(asyncio.Protocol):
                 response.cut(exc)
         self._release(self)
 
+    def _send(self, data: tuple[bytes, bytes]) -> None:
+        transport = self.transport
+        # Closed meanwhile: `connection_lost` has ended the request already.
+        if transport is not None and not transport.is_closing():
+            transport.writelines(data)
+
     def usable(self) -> bool:
         transport = self.transport
         return self.clean and not self.lost and transport is not None and not transport.is_closing()
@@ -167,7 +176,11 @@ class Connection(asyncio.Protocol):
         `StaleConnection` when a kept-alive connection closed before a byte of it arrived."""
         response = self.response = Response(self, self._loop, deadline, timeouts)
         assert self.transport is not None
-        self.transport.writelines(data)
+        if self._pace.busy:
+            # Sent with the loop's other writes at its next turn (see proxy/pace.py).
+            self._loop.call_soon(self._send, data)
+        else:
+            self.transport.writelines(data)
         try:
             await response.head
         except BaseException:

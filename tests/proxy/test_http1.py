@@ -16,6 +16,7 @@ from proxy.asgi import ON_DISCONNECT, Scope, Watch
 from proxy.http1 import OneWriteHttpToolsProtocol
 from proxy.http1._transport import OneWrite
 from proxy.main import HTTP_OPTIONS
+from proxy.pace import pace_of
 from tests.proxy.conftest import RunningProxy
 
 
@@ -92,6 +93,31 @@ async def test_close_sends_what_is_held_and_abort_drops_it() -> None:
     transport.abort()
     await asyncio.sleep(0)
     assert recorder.writes == [] and recorder.aborted
+
+
+async def test_a_whole_answer_goes_at_once_unless_other_requests_are_in_flight() -> None:
+    pace = pace_of(asyncio.get_running_loop())
+    transport, recorder = one_write()
+    pace.in_flight = 1  # this answer's own request: nothing else would go in the turn
+    transport.writelines((b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", b"{}"))
+    assert recorder.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+    pace.in_flight = 2
+    try:
+        transport, recorder = one_write()
+        transport.write(b"HTTP/1.1 200 OK\r\n")
+        transport.writelines((b"content-length: 2\r\n\r\n", b"{}"))
+        assert recorder.writes == []
+        assert transport.get_write_buffer_size() > 0
+        transport.write(b"next")  # whatever is written meanwhile goes after it, in one write
+        assert recorder.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}next"]
+        transport, recorder = one_write()
+        transport.writelines((b"HTTP/1.1 204 No Content\r\n\r\n",))
+        await asyncio.sleep(0)  # the loop's next turn
+        assert recorder.writes == [b"HTTP/1.1 204 No Content\r\n\r\n"]
+        await asyncio.sleep(0)
+        assert len(recorder.writes) == 1
+    finally:
+        pace.in_flight = 0
 
 
 async def test_the_rest_of_the_transport_is_the_real_ones() -> None:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from proxy.pace import pace_of
 from proxy.providers import HttpClient, ProviderTimeout, ProviderUnreachable, Timeouts
 from proxy.providers._connection import HIGH_WATER
 from tests.support.processes import free_port
@@ -164,6 +165,36 @@ async def test_request_carries_the_path_query_host_agent_length_and_headers(
     assert "accept: */*" in lines and "accept-encoding: gzip, deflate" in lines
     assert f"content-length: {len(BODY)}" in lines
     assert body == BODY
+
+
+async def test_while_requests_are_in_flight_a_call_is_sent_at_the_loops_next_turn(
+    http: HttpClient,
+) -> None:
+    pace = pace_of(asyncio.get_running_loop())
+    async with Scripted(json_answer(), json_answer(b'{"n":2}')) as server:
+        await (await http.post(server.url + "/x", BODY, {})).read()  # a connection to reuse
+        [connection] = [c for idle in http._idle.values() for c in idle]
+        assert connection.transport is not None
+        sent: list[bytes] = []
+        writelines = connection.transport.writelines
+
+        def recorded(data: tuple[bytes, ...]) -> None:
+            sent.append(b"".join(data))
+            writelines(data)
+
+        connection.transport.writelines = recorded  # type: ignore[method-assign]
+        pace.in_flight = 2
+        try:
+            call = asyncio.ensure_future(http.post(server.url + "/x", BODY, {}))
+            await asyncio.sleep(0)  # the call's first step: the request is not written yet
+            assert sent == []
+            await asyncio.sleep(0)  # the next turn: written whole, in one write
+            assert len(sent) == 1 and sent[0].endswith(b"\r\n\r\n" + BODY)
+            reply = await call
+            assert (reply.status, await reply.read()) == (200, b'{"n":2}')
+        finally:
+            pace.in_flight = 0
+    assert server.connections == 1 and [body for _, body in server.requests] == [BODY, BODY]
 
 
 async def test_a_credentials_own_user_agent_replaces_the_gateways(http: HttpClient) -> None:
