@@ -136,8 +136,9 @@ class Gateway:
         tracing: Tracing | None = None,
         pace: Pace | None = None,
     ) -> None:
-        """`pace` is its event loop's (`pace_of`), where the server and the provider client of
-        that loop read how many requests are in flight; a `Pace` of its own without one."""
+        """`pace` is its event loop's (`pace_of`): the gateway counts its requests in flight
+        there, where the loop's server and provider client read them; a `Pace` of its own
+        without one."""
         clock = clock or SystemClock()
         self._tracing = tracing
         self._keys = KeyGuard(
@@ -164,8 +165,6 @@ class Gateway:
         self.budgets = self._governor.budgets
         self._max_body = settings.max_body_bytes
         self._max_in_flight = settings.max_in_flight
-        self.in_flight = 0
-        """Paid requests admitted and not yet finished."""
         self._pace = pace or Pace()
         self._cache = cache
         self._spool = spool
@@ -190,6 +189,11 @@ class Gateway:
             "/messages": Route("/v1/messages", self._messages, anthropic=True),
             "/embeddings": Route("/v1/embeddings", self._embeddings),
         }
+
+    @property
+    def in_flight(self) -> int:
+        """Paid requests admitted and not yet finished."""
+        return self._pace.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = self._now()
@@ -399,7 +403,6 @@ class Gateway:
             if ticket is not None:
                 ticket.settle(outcome, status, code, self._now())
             if admitted:
-                self.in_flight -= 1
                 self._pace.in_flight -= 1
             try:
                 if hold is not None and ticket is not None:
@@ -435,14 +438,13 @@ class Gateway:
         """Admission control: a bounded number of requests in flight in this process, so an
         overload is refused at once (and another replica tried) instead of queueing until
         every request times out."""
-        if self.in_flight >= self._max_in_flight:
+        if self._pace.in_flight >= self._max_in_flight:
             raise ProxyError(
                 ErrorCode.GATEWAY_BUSY,
                 f"this gateway process is serving its limit of {self._max_in_flight} requests; "
                 "retry shortly",
                 headers=((b"retry-after", b"1"),),
             )
-        self.in_flight += 1
         self._pace.in_flight += 1
 
     async def _finish(self, hold: Hold, ticket: records.Ticket, outcome: Outcome) -> None:

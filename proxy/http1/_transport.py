@@ -25,26 +25,27 @@ class OneWrite:
         self._transport = transport
         self._loop = loop
         self._pace = pace_of(loop)
-        self._held: bytes | None = None
+        self._held: tuple[bytes, ...] | None = None
+        """Buffers held for one system call (writev) with what follows, none of them copied
+        but a lone `write`'s (which may be a view of a buffer its caller reuses)."""
 
     def write(self, data: bytes) -> None:
         held = self._held
         if held is None:
-            self._held = bytes(data)
+            self._held = (bytes(data),)
             self._loop.call_soon(self._flush)
             return
         self._held = None
-        # Both buffers in one system call (writev), the body not copied.
-        self._transport.writelines((held, data))
+        self._transport.writelines((*held, data))
 
     def writelines(self, data: Iterable[bytes]) -> None:
         held, self._held = self._held, None
         if held is not None:
-            data = (held, *data)
+            data = (*held, *data)
         if self._pace.busy:
             # Sent with the loop's other writes at its next turn (see proxy/pace.py); what
             # is written meanwhile goes after it.
-            self._held = b"".join(data)
+            self._held = tuple(data)
             if held is None:
                 self._loop.call_soon(self._flush)
             return
@@ -53,7 +54,7 @@ class OneWrite:
     def _flush(self) -> None:
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
+            self._transport.writelines(held)
 
     def close(self) -> None:
         self._flush()
@@ -71,7 +72,8 @@ class OneWrite:
         return self._transport.is_closing()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + len(self._held or b"")
+        held = self._held
+        return self._transport.get_write_buffer_size() + (sum(map(len, held)) if held else 0)
 
     def __getattr__(self, name: str) -> Any:
         # Everything else (is_closing, get_extra_info, pause_reading, …) is the transport's.
