@@ -7,9 +7,10 @@
 #   bash bench/run.sh                                   # full pass (~6 min on 2 cores)
 #   DUR=3s CONCS="1 16" SEQ_N=100 bash bench/run.sh     # quick check
 #
-# Targets, in order: nginx mock direct (the limit) -> bare Python forwarder (the ceiling of
-# any Python proxy) -> vkgate with each VKGATE_WORKERS proxy workers (control plane + seeded
-# organization, governed key: auth cache, rate limits, budget reservation, spend record) ->
+# Targets, in order: nginx mock direct (the limit) -> bare Python forwarder with each
+# BARE_WORKERS uvicorn workers (the ceiling of any Python proxy) -> vkgate with each
+# VKGATE_WORKERS proxy workers (control plane + seeded organization, governed key: auth
+# cache, rate limits, budget reservation, spend record) ->
 # LiteLLM with each LITELLM_WORKERS -> Portkey gateway -> EXTRA_TARGET. Each: a sanity
 # request, 2 s warm-up, wrk at each of CONCS, one streaming run at STREAM_CONC, SEQ_N
 # sequential requests. Then the tables (bench/peers/table.py).
@@ -18,6 +19,7 @@
 #   DUR=10s  CONCS="1 16 64"  STREAM_CONC=16 (empty: no streaming runs)  SEQ_N=500
 #   WRK_THREADS=1             wrk threads (1 leaves the CPU to the proxy)
 #   WITH_BARE=1               the bare forwarder (0: skip)
+#   BARE_WORKERS="1 2"        its uvicorn worker counts (1: bare-forwarder, N: bare-forwarder-wN)
 #   VKGATE_WORKERS="1 2"      vkgate proxy worker counts (empty: skip vkgate)
 #   VKGATE_BENCH_PROXY_ENV="NAME=VALUE ..."   extra settings for the vkgate proxy
 #   READY_TIMEOUT=90          seconds vkgate's control plane + seed + proxy may take to start
@@ -41,6 +43,7 @@ STREAM_CONC="${STREAM_CONC-16}"
 SEQ_N="${SEQ_N:-500}"
 WRK_THREADS="${WRK_THREADS:-1}"
 WITH_BARE="${WITH_BARE:-1}"
+BARE_WORKERS="${BARE_WORKERS:-1 2}"
 VKGATE_WORKERS="${VKGATE_WORKERS-1 2}"
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 WITH_LITELLM="${WITH_LITELLM:-auto}"
@@ -315,12 +318,16 @@ run_target direct-nginx "$MOCK" "$NGINX_PID" "$UPSTREAM_KEY"
 
 # ---------------------------------------------------------------- bare forwarder
 if [[ "$WITH_BARE" == 1 ]]; then
-  if [[ -x "$VKGATE_VENV/bin/uvicorn" ]]; then
+  for w in $BARE_WORKERS; do
+    target=bare-forwarder; (( w > 1 )) && target="bare-forwarder-w$w"
+    if [[ ! -x "$VKGATE_VENV/bin/uvicorn" ]]; then
+      log "no uvicorn in $VKGATE_VENV (set VKGATE_VENV); $target skipped"; not_run "$target"; continue
+    fi
     BARE_PORT="$(free_port)"
-    log "bare forwarder: uvicorn (1 worker, uvloop, httptools) on $HOST:$BARE_PORT"
+    log "$target: uvicorn ($w worker(s), uvloop, httptools) on $HOST:$BARE_PORT"
     UPSTREAM="$MOCK" "$VKGATE_VENV/bin/uvicorn" --app-dir "$PEERS" --host "$HOST" --port "$BARE_PORT" \
-      --workers 1 --loop uvloop --http httptools --no-access-log --log-level warning \
-      bare_forwarder:app > "$WORK/bare-forwarder.log" 2>&1 &
+      --workers "$w" --loop uvloop --http httptools --no-access-log --log-level warning \
+      bare_forwarder:app > "$WORK/$target.log" 2>&1 &
     BPID=$!; STARTED+=("$BPID")
     # No health route: any HTTP answer (405 for a GET) means it listens.
     for _ in $(seq 1 80); do
@@ -329,16 +336,13 @@ if [[ "$WITH_BARE" == 1 ]]; then
       sleep 0.25
     done
     if kill -0 "$BPID" 2>/dev/null; then
-      STREAM_MODEL=gpt-4o-mini-stream run_target bare-forwarder "http://$HOST:$BARE_PORT" "$BPID" "$UPSTREAM_KEY"
+      STREAM_MODEL=gpt-4o-mini-stream run_target "$target" "http://$HOST:$BARE_PORT" "$BPID" "$UPSTREAM_KEY"
     else
-      log "bare forwarder did not start; tail of log:"; tail -20 "$WORK/bare-forwarder.log" >&2
-      not_run bare-forwarder
+      log "$target did not start; tail of log:"; tail -20 "$WORK/$target.log" >&2
+      not_run "$target"
     fi
     stop_pid "$BPID" TERM; forget_pid "$BPID"
-  else
-    log "no uvicorn in $VKGATE_VENV (set VKGATE_VENV); bare forwarder skipped"
-    not_run bare-forwarder
-  fi
+  done
 fi
 
 # ---------------------------------------------------------------- vkgate

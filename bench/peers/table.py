@@ -27,7 +27,9 @@ RATIOS = (
     ("vkgate-w2", "litellm-w2", "vkgate 2 workers / LiteLLM 2 workers"),
     ("vkgate-w1", "portkey", "vkgate 1 worker / Portkey"),
     ("vkgate-w1", "bare-forwarder", "vkgate 1 worker / ceiling (bare forwarder)"),
+    ("vkgate-w2", "bare-forwarder-w2", "vkgate 2 workers / ceiling 2 workers"),
     ("vkgate-w2", "vkgate-w1", "vkgate 2 workers / vkgate 1 worker"),
+    ("bare-forwarder-w2", "bare-forwarder", "ceiling 2 workers / ceiling 1 worker"),
     ("bare-forwarder", DIRECT, "ceiling (bare forwarder) / nginx direct"),
 )
 
