@@ -44,7 +44,14 @@ class UsageSource(StrEnum):
     """No tokens were spent (a refusal) or nothing could be counted."""
 
 
-class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
+    """One event of a request's life, as a proxy spools it and the ledger stores it.
+
+    Its fields are strings, numbers and None, so it can be part of no reference cycle: it is
+    kept out of the garbage collector's sight (`gc=False`). A proxy makes two a request and a
+    control plane decodes thousands a segment; each one tracked made every collection longer.
+    """
+
     id: str
     """Unique per record (a UUID in hex): the ledger's idempotency key."""
     kind: str
