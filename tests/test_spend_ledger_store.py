@@ -284,9 +284,9 @@ async def test_writes_asked_for_during_a_write_go_together_and_each_learns_its_o
     batches: list[int] = []
     together = store._write_together
 
-    def counted(client: Any, batch: Sequence[Any], inserts: Any) -> list[Written]:
+    def counted(client: Any, batch: Sequence[Any]) -> list[Written]:
         batches.append(len(batch))
-        return together(client, batch, inserts)
+        return together(client, batch)
 
     monkeypatch.setattr(store, "_write_together", counted)
     lookups: list[int] = []
@@ -342,7 +342,7 @@ async def test_a_failed_write_fails_every_write_that_went_with_it(
     ledger = Ledger(fresh_database)
     org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
 
-    def refused(client: Any, batch: Sequence[Any], inserts: Any) -> list[Written]:
+    def refused(client: Any, batch: Sequence[Any]) -> list[Written]:
         raise LedgerError("the ledger is full", cause="full")
 
     monkeypatch.setattr(store, "_write_together", refused)
@@ -359,37 +359,62 @@ async def test_a_failed_write_fails_every_write_that_went_with_it(
         await ledger.close()
 
 
-def test_a_table_is_described_for_its_first_insert_and_again_after_one_fails(
-    fresh_database: LedgerLocation, monkeypatch: pytest.MonkeyPatch
+def test_a_table_changed_under_a_running_control_plane_takes_the_next_insert_as_it_is(
+    fresh_database: LedgerLocation,
 ) -> None:
     migrate.upgrade(fresh_database)
     client = connect(fresh_database)
-    described: list[str] = []
-    describe = client.create_insert_context
-
-    def counted(table: str, *args: Any, **kwargs: Any) -> Any:
-        described.append(table)
-        return describe(table, *args, **kwargs)
-
-    monkeypatch.setattr(client, "create_insert_context", counted)
-    inserts = store._Inserts()
     try:
         client.command("CREATE TABLE scratch (id String, n UInt32) ENGINE = MergeTree ORDER BY id")
-        inserts.insert(client, "scratch", ("id", "n"), [["a", 1]])
-        inserts.insert(client, "scratch", ("id", "n"), [["b", 2]])
-        assert described == ["scratch"]
-        # Changed under a running control plane: the insert made for the old column's type
-        # fails...
+        store._insert(client, "scratch", ("id", "n"), [["a", 1], ["b", 2]])
         client.command("ALTER TABLE scratch MODIFY COLUMN n String")
-        with pytest.raises(ValueError, match="'three'"):
-            inserts.insert(client, "scratch", ("id", "n"), [["c", "three"]])
-        # ...and the next one describes the table again.
-        inserts.insert(client, "scratch", ("id", "n"), [["c", "three"]])
-        assert described == ["scratch", "scratch"]
+        store._insert(client, "scratch", ("id", "n"), [["c", "three"]])
         rows = client.query("SELECT id, n FROM scratch ORDER BY id").result_rows
         assert rows == [("a", "1"), ("b", "2"), ("c", "three")]
     finally:
         client.close()
+
+
+async def test_a_row_holds_every_value_of_its_record_as_the_proxy_wrote_it(
+    fresh_database: LedgerLocation,
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    org, day = f"org_{secrets.token_hex(4)}", datetime(2026, 3, 10, tzinfo=UTC)
+    priced = _priced(org, day, 2**62, end_user='a "quoted", \\ back-slashed\nline \u00e9\U0001f600')
+    record = msgspec.structs.replace(
+        priced.entry.record,
+        input_tokens=2**53 - 1,
+        cache_read_tokens=2**52,
+        reasoning_tokens=7,
+        latency_ms=0.125,
+        ttfb_ms=None,
+        team_id=None,
+        error_code=None,
+        refused=True,
+        stream=True,
+    )
+    priced = PricedEntry(Entry(record, priced.entry.at, "seg-values"), priced.price)
+    try:
+        written = await ledger.write([priced], [], AT)
+    finally:
+        await ledger.close()
+    assert len(written.rows) == 1
+    client = connect(fresh_database)
+    try:
+        (stored,) = client.query(f"SELECT * FROM {store.LEDGER_TABLE}").named_results()
+    finally:
+        client.close()
+    expected = {name: getattr(record, name) for name in LEDGER_COLUMNS if hasattr(record, name)}
+    expected |= {
+        "at": priced.entry.at,
+        "segment_id": "seg-values",
+        "cost_nano_usd": 2**62,
+        "price_source": "test",
+        "price_version": "v1",
+        "ingested_at": AT,
+    }
+    assert stored == expected
 
 
 async def test_a_row_keeps_its_ingestion_time_to_the_microsecond(

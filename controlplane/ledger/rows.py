@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
@@ -125,19 +125,7 @@ _RECORD_VALUES = _picker(RECORD_COLUMNS)
 _ADMIT_VALUES = _picker(ADMIT_COLUMNS[:-1])
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def micros(moment: datetime) -> int:
-    """`moment` as a DateTime64(6) column holds it: microseconds since the Unix epoch.
-
-    The rows of one write share their `ingested_at`: given as this number, it is worked out
-    once, where a datetime was turned into it again for every row (2,500 a segment's table)."""
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def ledger_row(priced: PricedEntry, ingested_at: int) -> list[Any]:
+def ledger_row(priced: PricedEntry, ingested_at: datetime) -> list[Any]:
     price = priced.price
     return [
         *_RECORD_VALUES(priced.entry),
@@ -148,5 +136,5 @@ def ledger_row(priced: PricedEntry, ingested_at: int) -> list[Any]:
     ]
 
 
-def admit_row(entry: Entry, ingested_at: int) -> list[Any]:
+def admit_row(entry: Entry, ingested_at: datetime) -> list[Any]:
     return [*_ADMIT_VALUES(entry), ingested_at]
