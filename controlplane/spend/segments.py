@@ -24,7 +24,7 @@ MAX_TOKENS = 2**53
 MAX_ID_LENGTH = 200
 _KINDS = frozenset(RecordKind)
 _SOURCES = frozenset(UsageSource)
-ADMIT = RecordKind.ADMIT.value
+_ADMIT = RecordKind.ADMIT.value
 _AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
 _AS_PROXIES_WRITE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z").fullmatch
 """UTC with microseconds, as every record of a proxy is timed: read without the general case's
@@ -112,7 +112,7 @@ def check(segment: SpendSegment) -> CheckedSegment:
             _refuse_record(segment, index, record)
         entry = Entry(record, _time(index, record.at), segment.segment_id)
         seen[record.id] = record
-        (admits if record.kind == ADMIT else outcomes).append(entry)
+        (admits if record.kind == _ADMIT else outcomes).append(entry)
     return CheckedSegment(segment.segment_id, outcomes, admits, repeated)
 
 
