@@ -395,16 +395,22 @@ async def test_a_row_holds_every_value_of_its_record_as_the_proxy_wrote_it(
         stream=True,
     )
     priced = PricedEntry(Entry(record, priced.entry.at, "seg-values"), priced.price)
+    admitted = msgspec.structs.replace(record, id=f"admit-{secrets.token_hex(4)}", kind="admit")
+    admit = Entry(admitted, priced.entry.at, "seg-values")
     try:
-        written = await ledger.write([priced], [], AT)
+        written = await ledger.write([priced], [admit], AT)
     finally:
         await ledger.close()
-    assert len(written.rows) == 1
+    assert (len(written.rows), written.admits) == (1, 1)
     client = connect(fresh_database)
     try:
         (stored,) = client.query(f"SELECT * FROM {store.LEDGER_TABLE}").named_results()
+        (stored_admit,) = client.query(f"SELECT * FROM {store.ADMIT_TABLE}").named_results()
     finally:
         client.close()
+    assert stored_admit == {
+        name: getattr(admitted, name) for name in ADMIT_COLUMNS if hasattr(admitted, name)
+    } | {"at": priced.entry.at, "segment_id": "seg-values", "ingested_at": AT}
     expected = {name: getattr(record, name) for name in LEDGER_COLUMNS if hasattr(record, name)}
     expected |= {
         "at": priced.entry.at,
