@@ -22,7 +22,7 @@ from tests.support import databases
 from tests.support.api import create
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET, secrets_env
-from tests.support.ledger import embedded_ledger
+from tests.support.ledger import embedded_ledger, ledger_server
 from vkgate import signing
 
 
@@ -62,6 +62,13 @@ def clock() -> ManualClock:
 def ledger_location(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerLocation]:
     """The session's one embedded spend ledger (chDB allows one per process), migrated."""
     with embedded_ledger(tmp_path_factory.mktemp("ledger") / "chdb") as location:
+        yield location
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server() -> Iterator[LedgerLocation]:
+    """A ClickHouse server for the ledger's HTTP path, started on first use (see ledger_server)."""
+    with ledger_server() as location:
         yield location
 
 

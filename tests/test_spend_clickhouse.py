@@ -1,4 +1,5 @@
-"""The same ledger on a ClickHouse server over HTTP (set VKGATE_TEST_CLICKHOUSE_URL to run)."""
+"""The same ledger on a ClickHouse server over HTTP: the one VKGATE_TEST_CLICKHOUSE_URL names,
+or else chDB behind ClickHouse's HTTP interface (tests/support/clickhouse_http.py)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,33 @@ import pytest
 
 from controlplane.app import create_app
 from controlplane.db import Database
-from controlplane.ledger import migrate
+from controlplane.ledger import migrate, queries
+from controlplane.ledger.client import LedgerError, connect
 from controlplane.ledger.store import Ledger
 from controlplane.settings import ControlPlaneSettings, LedgerLocation
 from tests.conftest import serve_in_loop
 from tests.support.api import create
 from tests.support.clock import ManualClock
 from tests.support.ledger import (
-    CLICKHOUSE_URL_VARIABLE,
     ledger_rows,
     request,
     segment,
-    server_ledger,
+    server_database,
     shipped,
     spend_report,
+    summed_from_the_start,
 )
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LedgerLocation]:
-    with server_ledger() as location:
-        if location is None:
-            pytest.skip(f"{CLICKHOUSE_URL_VARIABLE} names no ClickHouse server")
+def server(clickhouse_server: LedgerLocation) -> Iterator[LedgerLocation]:
+    with server_database(clickhouse_server) as location:
+        migrate.upgrade(location)
+        client = connect(location)
+        try:
+            summed_from_the_start(client)
+        finally:
+            client.close()
         yield location
 
 
@@ -82,3 +88,20 @@ async def test_server_ledger_ingests_idempotently_and_reports(
     assert len(rows) == 20
     assert report["totals"]["requests"] == 20
     assert report["totals"]["input_tokens"] == sum(100 + i for i in range(20))
+
+
+async def test_a_statement_the_server_refuses_is_a_ledger_error_with_its_message(
+    clickhouse_server: LedgerLocation,
+) -> None:
+    with server_database(clickhouse_server) as location:
+        connect(location, create_database=True).close()  # a database, never migrated
+        ledger = Ledger(location)
+        try:
+            with pytest.raises(LedgerError) as refused:
+                await ledger.report(queries.Period("org_none"), [])
+        finally:
+            await ledger.close()
+    assert str(refused.value).startswith(f"the ledger at {location.display} failed: ")
+    assert "Code: 60" in str(refused.value)
+    assert "ledger_rows" in str(refused.value)
+    assert refused.value.cause == "DatabaseError"

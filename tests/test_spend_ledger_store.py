@@ -34,7 +34,7 @@ from tests.conftest import serve_in_loop
 from tests.support.api import ADMIN, create, error_of
 from tests.support.clock import ManualClock
 from tests.support.env import secrets_env
-from tests.support.ledger import request, segment, ship
+from tests.support.ledger import request, segment, server_database, ship
 from tests.support.processes import clean_env, vkgate
 from vkgate import env as E
 from vkgate.spend import SpendRecord
@@ -106,9 +106,16 @@ def test_every_field_of_a_spend_record_is_a_ledger_column() -> None:
     assert {"id", "replica_id", "seq", "request_id", "at"} <= set(ADMIT_COLUMNS)
 
 
-@pytest.fixture
-def fresh_database(ledger_location: LedgerLocation) -> Iterator[LedgerLocation]:
-    """A database of its own in the session's chDB (a second chDB directory cannot be opened)."""
+@pytest.fixture(params=["chdb", "server"])
+def fresh_database(
+    request: pytest.FixtureRequest, ledger_location: LedgerLocation
+) -> Iterator[LedgerLocation]:
+    """A database of its own in the session's chDB (a second chDB directory cannot be opened),
+    or on a ClickHouse server over HTTP."""
+    if request.param == "server":
+        with server_database(request.getfixturevalue("clickhouse_server")) as location:
+            yield location
+        return
     location = dataclasses.replace(ledger_location, database=f"fresh_{secrets.token_hex(4)}")
     yield location
     client = connect(ledger_location)

@@ -2,15 +2,18 @@
 
 chDB is an embedded engine with process-wide state: a process can have one ledger directory
 open at a time, so the whole session shares one (tests keep apart by their organizations'
-random ids). A ClickHouse server is used too when VKGATE_TEST_CLICKHOUSE_URL names one.
+random ids). The server path (HTTP) runs against the ClickHouse server
+VKGATE_TEST_CLICKHOUSE_URL names, or else against chDB behind ClickHouse's HTTP interface.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import os
 import secrets
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +27,7 @@ import msgspec
 from controlplane.ledger.client import connect
 from controlplane.ledger.migrate import upgrade
 from controlplane.settings import LedgerLocation, ledger_location
+from tests.support import clickhouse_http
 from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET
@@ -53,36 +57,30 @@ def embedded_ledger(directory: Path) -> Iterator[LedgerLocation]:
 
 
 @contextmanager
-def server_ledger() -> Iterator[LedgerLocation | None]:
-    """A fresh database on the ClickHouse server VKGATE_TEST_CLICKHOUSE_URL names (dropped
-    afterwards), or None when the variable is not set."""
+def ledger_server() -> Iterator[LedgerLocation]:
+    """The ClickHouse server VKGATE_TEST_CLICKHOUSE_URL names, else chDB behind ClickHouse's
+    HTTP interface in a process of its own (tests/support/clickhouse_http.py)."""
     url = os.environ.get(CLICKHOUSE_URL_VARIABLE)
-    if not url:
-        yield None
+    if url:
+        yield ledger_location({"VKGATE_LEDGER_URL": url}, Path("."))
         return
-    base = ledger_location({"VKGATE_LEDGER_URL": url}, Path("."))
-    name = f"vkgate_test_{secrets.token_hex(6)}"
-    location = LedgerLocation(
-        kind="http",
-        database=name,
-        host=base.host,
-        port=base.port,
-        secure=base.secure,
-        username=base.username,
-        password=base.password,
-    )
-    upgrade(location)
-    client = connect(location)
-    try:
-        summed_from_the_start(client)
-    finally:
-        client.close()
+    with (
+        tempfile.TemporaryDirectory(prefix="vkgate-ch-") as directory,
+        clickhouse_http.running(Path(directory)) as url,
+    ):
+        yield ledger_location({"VKGATE_LEDGER_URL": url}, Path("."))
+
+
+@contextmanager
+def server_database(server: LedgerLocation) -> Iterator[LedgerLocation]:
+    """A database of its own on `server` (not made yet: migrating makes it), dropped after."""
+    location = dataclasses.replace(server, database=f"vkgate_test_{secrets.token_hex(6)}")
     try:
         yield location
     finally:
-        admin = connect(base, create_database=True)
+        admin = connect(server, create_database=True)
         try:
-            admin.command(f"DROP DATABASE IF EXISTS {name}")
+            admin.command(f"DROP DATABASE IF EXISTS {location.database}")
         finally:
             admin.close()
 
