@@ -6,12 +6,13 @@
 It speaks what a ClickHouse server speaks to clickhouse-connect: `GET /ping`; a statement in the
 `query` parameter or in the body; `database`; `param_<name>` values for `{name:Type}`
 placeholders; every other parameter a setting of that statement alone; after a `query`
-parameter, the body as the statement's data (an INSERT's rows), decompressed as its
-`Content-Encoding` says; the answer in the statement's FORMAT (TabSeparated by default) with
-`X-ClickHouse-Format`, `X-ClickHouse-Summary`, `X-ClickHouse-Timezone` and
-`X-ClickHouse-Query-Id`; a failure as status 500 with ClickHouse's own message and
-`X-ClickHouse-Exception-Code`. Answers are never compressed, which a server may also choose.
-Statements run one at a time (chDB is one engine per process); it stops on SIGTERM.
+parameter, the body as the statement's data (an INSERT's rows, in a text format such as the
+ledger's JSON lines: binary ones are not taken), decompressed as its `Content-Encoding` says;
+the answer in the statement's FORMAT (TabSeparated by default) with `X-ClickHouse-Format`,
+`X-ClickHouse-Summary`, `X-ClickHouse-Timezone` and `X-ClickHouse-Query-Id`; a failure as
+status 500 with ClickHouse's own message and `X-ClickHouse-Exception-Code`. Answers are never
+compressed, which a server may also choose. Statements run one at a time (chDB is one engine
+per process); it stops on SIGTERM.
 """
 
 from __future__ import annotations
