@@ -21,10 +21,12 @@ import contextlib
 import gzip
 import json
 import re
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -239,15 +241,11 @@ def running(directory: Path, *, timeout_s: float = 60.0) -> Iterator[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.support.clickhouse_http", str(directory)],
         stdout=subprocess.PIPE,
-        text=True,
+        bufsize=0,  # unbuffered, so that `select` sees every line not read yet
         cwd=Path(__file__).resolve().parents[2],
     )
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not line.startswith("LISTENING "):
-            raise RuntimeError(f"the chDB ClickHouse server did not start: {line!r}")
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
+        yield f"http://127.0.0.1:{_port(process, time.monotonic() + timeout_s)}"
     finally:
         process.terminate()
         try:
@@ -255,6 +253,20 @@ def running(directory: Path, *, timeout_s: float = 60.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _port(process: subprocess.Popen[bytes], deadline: float) -> int:
+    """The port the server prints once it listens; anything chDB prints on starting comes first."""
+    assert process.stdout is not None
+    while True:
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise RuntimeError("the chDB ClickHouse server did not start in time")
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the chDB ClickHouse server exited: {process.wait()}")
+        if line.startswith(b"LISTENING "):
+            return int(line.split()[1])
 
 
 if __name__ == "__main__":
