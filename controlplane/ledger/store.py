@@ -242,8 +242,8 @@ class _Write:
     written: asyncio.Future[Written]
 
 
-INSERT_FORMAT = "JSONCompactEachRow"
-INSERT_SETTINGS = {
+_INSERT_FORMAT = "JSONCompactEachRow"
+_INSERT_SETTINGS = {
     # `at` and `ingested_at` go as msgspec writes a datetime: RFC 3339 in UTC, `Z` and all.
     "date_time_input_format": "best_effort",
     # Parsed in one piece, so an insert is one block: all of it is written, or none.
@@ -262,7 +262,7 @@ def _insert(client: Any, table: str, columns: Sequence[str], rows: list[list[Any
     """
     block = b"\n".join(map(_encode_row, rows))
     client.raw_insert(
-        table, list(columns), insert_block=block, fmt=INSERT_FORMAT, settings=INSERT_SETTINGS
+        table, list(columns), insert_block=block, fmt=_INSERT_FORMAT, settings=_INSERT_SETTINGS
     )
 
 

@@ -6,6 +6,7 @@ A segment is taken whole or refused whole: the first problem found is a 400 (not
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import zlib
@@ -145,10 +146,7 @@ def _plausible(record: SpendRecord, replica_id: str) -> bool:
 
 def _refuse_record(segment: SpendSegment, index: int, record: SpendRecord) -> NoReturn:
     """The 422 naming the first field of the record that `_plausible` refused."""
-
-    def refuse(field: str, message: str) -> ApiError:
-        return invalid(f"records[{index}].{field}: {message}", param=f"records[{index}].{field}")
-
+    refuse = functools.partial(_refused, index)
     if not record.id or len(record.id) > MAX_ID_LENGTH:
         raise refuse("id", "must be 1-200 characters")
     if record.kind not in _KINDS:
@@ -190,10 +188,10 @@ def _time(index: int, text: str) -> datetime:
         try:
             return datetime.fromisoformat(text)  # `Z`: in UTC already
         except ValueError:
-            raise _bad_time(index, "is not a valid date and time") from None
+            raise _refused(index, "at", "is not a valid date and time") from None
     if not _AT.match(text):
-        raise _bad_time(
-            index, "must be RFC 3339 with a time zone, like 2026-03-10T12:00:00.123456Z"
+        raise _refused(
+            index, "at", "must be RFC 3339 with a time zone, like 2026-03-10T12:00:00.123456Z"
         )
     # Python keeps microseconds: finer digits are cut, as ClickHouse's DateTime64(6) would.
     head, dot, tail = text.partition(".")
@@ -204,8 +202,9 @@ def _time(index: int, text: str) -> datetime:
     try:
         return datetime.fromisoformat(text).astimezone(UTC)
     except (ValueError, OverflowError):  # OverflowError: out of range once moved to UTC
-        raise _bad_time(index, "is not a valid date and time") from None
+        raise _refused(index, "at", "is not a valid date and time") from None
 
 
-def _bad_time(index: int, message: str) -> ApiError:
-    return invalid(f"records[{index}].at: {message}", param=f"records[{index}].at")
+def _refused(index: int, field: str, message: str) -> ApiError:
+    """The 422 for one field of the segment's record `index`, named as the body holds it."""
+    return invalid(f"records[{index}].{field}: {message}", param=f"records[{index}].{field}")
