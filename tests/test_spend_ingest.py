@@ -113,6 +113,10 @@ async def test_ledger_row_keeps_every_field_of_the_record(
 
     (row,) = await ledger_rows(client, world.org)
     for field in SpendRecord.__struct_fields__:
+        if field == "audio_seconds":
+            # An exact decimal in the ledger, to the millisecond.
+            assert Decimal(row[field]) == Decimal(str(records[1].audio_seconds))
+            continue
         assert row[field] == getattr(records[1], field), field
     assert row["segment_id"] == seg.segment_id
     assert row["ingested_at"] == "2026-03-10T12:00:00Z"

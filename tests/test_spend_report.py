@@ -40,8 +40,19 @@ MEASURES = [
     "cache_read_tokens",
     "cache_write_tokens",
     "reasoning_tokens",
+    "input_audio_tokens",
+    "output_audio_tokens",
+    "input_image_tokens",
+    "output_image_tokens",
+    "input_characters",
+    "images",
+    "audio_seconds",
+    "unpriced",
     "cost_usd",
 ]
+COUNTED = MEASURES[3:-3]
+"""The measures that are sums of a record's counts (audio seconds are a decimal string)."""
+EMPTY = {"cost_usd": "0", "audio_seconds": "0.000"}
 GROUP_FIELDS = {
     "team": "team_id",
     "project": "project_id",
@@ -130,8 +141,9 @@ def expected_groups(
         group["requests"] += r.kind == "confirm"
         group["refused"] += r.kind == "fail" and r.refused
         group["failed"] += r.kind == "fail" and not r.refused
-        for tokens in MEASURES[3:-1]:
+        for tokens in COUNTED:
             group[tokens] += getattr(r, tokens)
+        group["audio_seconds"] = "0.000"
         group["cost_nanos"] += costs[r.id]
     return groups
 
@@ -168,7 +180,7 @@ async def test_report_counts_served_refused_and_failed_apart_with_exact_totals(
     # (cache reads at the input rate), 5000*0.2 + 500*0.8 + 12*0.2 + 1*0.8 = 1403.2 at vLLM's.
     assert totals["cost_usd"] == "0.0037842"
     assert list(totals) == MEASURES
-    for measure in MEASURES[:-1]:
+    for measure in MEASURES[:-3]:
         assert totals[measure] == sum(r[measure] for r in report["rows"])
     assert nanos(totals["cost_usd"]) == sum(nanos(r["cost_usd"]) for r in report["rows"])
 
@@ -207,7 +219,7 @@ async def test_report_totals_equal_the_sum_of_the_ledger_rows_to_the_nano_dollar
     report = await spend_report(client, world.org, group_by="day,provider")
 
     assert nanos(report["totals"]["cost_usd"]) == sum(nanos(r["cost_usd"]) for r in rows)
-    for tokens in MEASURES[3:-1]:
+    for tokens in COUNTED:
         assert report["totals"][tokens] == sum(r[tokens] for r in rows)
     assert report["totals"]["requests"] == sum(r["kind"] == "confirm" for r in rows)
 
@@ -226,7 +238,7 @@ async def test_report_without_group_by_is_one_row_and_empty_without_spend(
 ) -> None:
     empty = await spend_report(client, world.org)
     assert empty["rows"] == []
-    assert empty["totals"] == {m: ("0" if m == "cost_usd" else 0) for m in MEASURES}
+    assert empty["totals"] == {m: EMPTY.get(m, 0) for m in MEASURES}
     await mixed_traffic(client, world, clock)
     report = await spend_report(client, world.org)
     assert report["rows"] == [report["totals"]]

@@ -63,7 +63,7 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     at: str
     """When the record was written, RFC 3339 UTC with microseconds."""
     route: str
-    """`/v1/chat/completions`, `/v1/messages` or `/v1/embeddings`."""
+    """The route asked for: `/v1/chat/completions`, `/v1/audio/speech`, …"""
     organization_id: str | None = None
     team_id: str | None = None
     project_id: str | None = None
@@ -96,6 +96,22 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     usage_source: str = UsageSource.NONE
     latency_ms: float = 0.0
     ttfb_ms: float | None = None
+    # The units audio and image calls are priced in. Token counts by modality are parts of
+    # `input_tokens` and `output_tokens`, as cache reads are.
+    input_audio_tokens: int = 0
+    output_audio_tokens: int = 0
+    input_image_tokens: int = 0
+    output_image_tokens: int = 0
+    audio_seconds: float = 0.0
+    """Seconds of audio transcribed or translated, to the millisecond."""
+    input_characters: int = 0
+    """Characters of text turned into speech."""
+    images: int = 0
+    """Images made (generated or edited)."""
+    image_size: str | None = None
+    """Their size (`1024x1024`), as the provider said or else as asked."""
+    image_quality: str | None = None
+    """Their quality (`hd`, `high`, …), as the provider said or else as asked."""
 
 
 class SpendSegment(msgspec.Struct, kw_only=True):

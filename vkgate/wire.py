@@ -76,6 +76,21 @@ class Price(msgspec.Struct, omit_defaults=True):
     cache_write_per_mtok: str | None = None
 
 
+class UnitPrice(msgspec.Struct, omit_defaults=True):
+    """What a model costs in the units other than text tokens, as decimal USD strings: audio
+    and image tokens (per million; left out, the text rate), characters made into speech and
+    seconds of audio transcribed (each), and images by `size/quality` (each)."""
+
+    input_audio_per_mtok: str | None = None
+    output_audio_per_mtok: str | None = None
+    input_image_per_mtok: str | None = None
+    output_image_per_mtok: str | None = None
+    per_character: str | None = None
+    per_second: str | None = None
+    per_image: dict[str, str] = {}
+    """`size/quality` (`1024x1024/hd`), `size`, `*/quality` or `*` → USD per image."""
+
+
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 
 
@@ -101,6 +116,9 @@ class ChainTarget(msgspec.Struct):
     max_output_tokens: int | None = None
     """The most tokens one answer of `model` can hold, when known: a budget reserves this much
     output for a request that names no `max_tokens`."""
+    unit_price: UnitPrice | None = None
+    """Its prices in other units than text tokens (override, else genai-prices); None when it
+    has none. A model priced by them alone has no `price`."""
 
 
 class BudgetState(msgspec.Struct):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import msgspec
 from sqlalchemy import and_, or_, select
@@ -19,7 +20,7 @@ from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd
 from vkgate.windows import window_bounds
-from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
+from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price, UnitPrice
 
 REFUSED = {
     KeyStatus.REVOKED: (ErrorCode.VIRTUAL_KEY_REVOKED, "virtual key is revoked"),
@@ -94,15 +95,43 @@ async def _chains(
                 api_version=provider.api_version,
                 headers=open_headers(cipher, provider),
                 # The override wins, as it does when the ledger prices the spend.
-                price=msgspec.convert(override, Price) if override else _wire_price(listed),
+                price=_override_price(override) if override else _wire_price(listed),
                 max_output_tokens=listed.max_output_tokens if listed else None,
+                unit_price=_override_units(override) if override else _wire_units(listed),
             )
         )
     return chains
 
 
-def _wire_price(listed: ListPrice | None) -> Price | None:
+def _override_price(override: dict[str, Any]) -> Price | None:
+    if override.get("input_per_mtok") is None:
+        return None  # priced by other units alone
+    return msgspec.convert(
+        {k: v for k, v in override.items() if k in Price.__struct_fields__}, Price
+    )
+
+
+def _override_units(override: dict[str, Any]) -> UnitPrice | None:
+    units = {k: v for k, v in override.items() if k in UnitPrice.__struct_fields__}
+    return msgspec.convert(units, UnitPrice) if units else None
+
+
+def _wire_units(listed: ListPrice | None) -> UnitPrice | None:
     if listed is None:
+        return None
+    units = UnitPrice(
+        input_audio_per_mtok=_optional_text(listed.input_audio_per_mtok),
+        output_audio_per_mtok=_optional_text(listed.output_audio_per_mtok),
+        input_image_per_mtok=_optional_text(listed.input_image_per_mtok),
+        output_image_per_mtok=_optional_text(listed.output_image_per_mtok),
+        per_character=_optional_text(listed.per_character),
+        per_second=_optional_text(listed.per_second),
+    )
+    return units if units != UnitPrice() else None
+
+
+def _wire_price(listed: ListPrice | None) -> Price | None:
+    if listed is None or listed.input_per_mtok is None or listed.output_per_mtok is None:
         return None
     return Price(
         input_per_mtok=_decimal_text(listed.input_per_mtok),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
-from controlplane.ledger.rows import LEDGER_COLUMNS, TOKEN_COLUMNS
+from controlplane.ledger.rows import LEDGER_COLUMNS, TOKEN_COLUMNS, UNIT_COLUMNS
 
 TIME = "DateTime64(6, 'UTC')"
 DAILY_TABLE = "ledger_spend_daily"
@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "provider": ("provider_id", "provider_id"),
     "end_user": ("end_user", "end_user"),
     "day": ("day", "toString(toDate(at, 'UTC'))"),
+    "route": ("route", "route"),
 }
 # Measures are aliased apart from the columns: an alias named like a column (`refused`) would
 # stand for the aggregate inside the other measures too.
@@ -45,6 +46,10 @@ MEASURES: tuple[tuple[str, str], ...] = (
     ("refused", "countIf(kind = 'fail' AND refused)"),
     ("failed", "countIf(kind = 'fail' AND NOT refused)"),
     *((c, f"sum({c})") for c in TOKEN_COLUMNS),
+    *((c, f"sum({c})") for c in UNIT_COLUMNS),
+    ("audio_seconds", "sum(audio_seconds)"),
+    # Requests that spent something no price covers: their cost is 0 in the ledger.
+    ("unpriced", "countIf(price_source = 'unpriced')"),
     ("cost_nano_usd", "sum(cost_nano_usd)"),
 )
 

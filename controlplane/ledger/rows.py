@@ -47,6 +47,15 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "usage_source",
     "latency_ms",
     "ttfb_ms",
+    "input_audio_tokens",
+    "output_audio_tokens",
+    "input_image_tokens",
+    "output_image_tokens",
+    "audio_seconds",
+    "input_characters",
+    "images",
+    "image_size",
+    "image_quality",
 )
 PRICE_COLUMNS: tuple[str, ...] = ("cost_nano_usd", "price_source", "price_version")
 LEDGER_COLUMNS: tuple[str, ...] = (*RECORD_COLUMNS, *PRICE_COLUMNS, "ingested_at")
@@ -71,6 +80,15 @@ TOKEN_COLUMNS: tuple[str, ...] = (
     "cache_write_tokens",
     "reasoning_tokens",
 )
+UNIT_COLUMNS: tuple[str, ...] = (
+    "input_audio_tokens",
+    "output_audio_tokens",
+    "input_image_tokens",
+    "output_image_tokens",
+    "input_characters",
+    "images",
+)
+"""Counts summed in reports beside the tokens (audio seconds are summed apart: a decimal)."""
 
 
 class Entry(msgspec.Struct, frozen=True, gc=False):

@@ -23,13 +23,65 @@ class ProviderKind(StrEnum):
     MOCK = "mock"
 
 
-class PriceOverride(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """USD per million tokens."""
+ImageKey = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^(\*|auto|[1-9][0-9]{1,4}x[1-9][0-9]{1,4})(/[a-z][a-z0-9_-]{0,31})?$"),
+]
+"""`1024x1024/hd`, `1024x1024` (any quality), `*/hd` (any size) or `*` (any image)."""
 
-    input_per_mtok: Decimal
-    output_per_mtok: Decimal
+
+class PriceOverride(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A model's prices through one provider, in USD: tokens per million (the two text rates go
+    together; a missing cache, audio or image rate is the text rate of its direction), and
+    the units audio and image calls are priced in, each."""
+
+    input_per_mtok: Decimal | None = None
+    output_per_mtok: Decimal | None = None
     cache_read_per_mtok: Decimal | None = None
     cache_write_per_mtok: Decimal | None = None
+    input_audio_per_mtok: Decimal | None = None
+    output_audio_per_mtok: Decimal | None = None
+    input_image_per_mtok: Decimal | None = None
+    output_image_per_mtok: Decimal | None = None
+    per_character: Decimal | None = None
+    """Each character of text made into speech."""
+    per_second: Decimal | None = None
+    """Each second of audio transcribed or translated (priced to the millisecond)."""
+    per_image: dict[ImageKey, Decimal] | None = None
+    """Each image made, by its `size/quality`; the most specific key that matches applies."""
+
+    def __post_init__(self) -> None:
+        # Raised as msgspec's own error, so the 422 names the field like any other.
+        if (self.input_per_mtok is None) != (self.output_per_mtok is None):
+            missing = "input_per_mtok" if self.input_per_mtok is None else "output_per_mtok"
+            raise ValueError(
+                f"input_per_mtok and output_per_mtok go together: {missing} is missing"
+            )
+        token_only = (
+            self.cache_read_per_mtok,
+            self.cache_write_per_mtok,
+        )
+        if self.input_per_mtok is None and any(rate is not None for rate in token_only):
+            raise ValueError("a cache rate needs input_per_mtok and output_per_mtok")
+        if (
+            self.input_per_mtok is None
+            and self.per_character is None
+            and self.per_second is None
+            and not self.per_image
+            and not any(
+                rate is not None
+                for rate in (
+                    self.input_audio_per_mtok,
+                    self.output_audio_per_mtok,
+                    self.input_image_per_mtok,
+                    self.output_image_per_mtok,
+                )
+            )
+        ):
+            raise ValueError(
+                "a price override needs a price: input_per_mtok and output_per_mtok, "
+                "per_character, per_second, per_image, or an audio or image token rate"
+            )
 
 
 class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):

@@ -13,6 +13,7 @@ import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 from controlplane.errors import invalid
@@ -95,7 +96,16 @@ async def report(ledger: Ledger, period: queries.Period, group_by: Sequence[str]
     rows = [_report_row(r, group_fields) for r in grouped]
     totals: dict[str, Any] = {m: sum(r[m] for r in grouped) for m, _ in MEASURES}
     totals["cost_usd"] = nanos_to_usd(totals.pop("cost_nano_usd"))
+    totals["audio_seconds"] = seconds_text(totals["audio_seconds"])
     return Report(rows, totals, [*group_fields, *MEASURE_FIELDS])
+
+
+def seconds_text(value: Any) -> str:
+    """Seconds of audio as an exact decimal string, to the millisecond: `"8.470"`."""
+    return str(Decimal(value or 0).quantize(_MILLI))
+
+
+_MILLI = Decimal("0.001")
 
 
 def _report_row(row: dict[str, Any], group_fields: Sequence[str]) -> dict[str, Any]:
@@ -103,6 +113,8 @@ def _report_row(row: dict[str, Any], group_fields: Sequence[str]) -> dict[str, A
     for name, _ in MEASURES:
         if name == "cost_nano_usd":
             out["cost_usd"] = nanos_to_usd(int(row[name]))
+        elif name == "audio_seconds":
+            out[name] = seconds_text(row[name])
         else:
             out[name] = int(row[name])
     return out
@@ -127,6 +139,8 @@ def _ledger_row(row: dict[str, Any]) -> dict[str, Any]:
         value = row[column]
         if column == "cost_nano_usd":
             out["cost_usd"] = nanos_to_usd(int(value))
+        elif column == "audio_seconds":
+            out[column] = seconds_text(value)
         elif isinstance(value, datetime):
             out[column] = rfc3339(value)
         else:

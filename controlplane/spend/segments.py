@@ -17,11 +17,13 @@ from typing import NoReturn
 import msgspec
 
 from controlplane.errors import ApiError, invalid
-from controlplane.ledger.rows import TOKEN_COLUMNS, Entry
+from controlplane.ledger.rows import TOKEN_COLUMNS, UNIT_COLUMNS, Entry
 from vkgate.errors import ErrorCode
 from vkgate.spend import SEGMENT_ENCODING, RecordKind, SpendRecord, SpendSegment, UsageSource
 
 MAX_TOKENS = 2**53
+MAX_SECONDS = 10**12
+"""More seconds than any audio (the ledger's column holds 15 digits before the point)."""
 MAX_ID_LENGTH = 200
 _KINDS = frozenset(RecordKind)
 _SOURCES = frozenset(UsageSource)
@@ -141,7 +143,38 @@ def _plausible(record: SpendRecord, replica_id: str) -> bool:
         and record.cache_read_tokens + record.cache_write_tokens <= record.input_tokens
         and 0 <= record.latency_ms < math.inf
         and (record.ttfb_ms is None or 0 <= record.ttfb_ms < math.inf)
+        and _units_plausible(record)
     )
+
+
+def _units_plausible(record: SpendRecord) -> bool:
+    """The units of audio and image calls (all 0 on every other record: checked at once)."""
+    return (
+        not (
+            record.input_audio_tokens
+            or record.output_audio_tokens
+            or record.input_image_tokens
+            or record.output_image_tokens
+            or record.input_characters
+            or record.images
+            or record.audio_seconds
+        )
+        or _units_problem(record) is None
+    )
+
+
+def _units_problem(record: SpendRecord) -> tuple[str, str] | None:
+    """The first unit field of `record` that cannot be, and why."""
+    for column in UNIT_COLUMNS:
+        if not 0 <= getattr(record, column) < MAX_TOKENS:
+            return column, "must be a count of 0 or more"
+    if record.input_audio_tokens + record.input_image_tokens > record.input_tokens:
+        return "input_audio_tokens", "audio and image input tokens are parts of input_tokens"
+    if record.output_audio_tokens + record.output_image_tokens > record.output_tokens:
+        return "output_audio_tokens", "audio and image output tokens are parts of output_tokens"
+    if not (math.isfinite(record.audio_seconds) and 0 <= record.audio_seconds < MAX_SECONDS):
+        return "audio_seconds", "must be a finite number of seconds, 0 or more"
+    return None
 
 
 def _refuse_record(segment: SpendSegment, index: int, record: SpendRecord) -> NoReturn:
@@ -179,6 +212,9 @@ def _refuse_record(segment: SpendSegment, index: int, record: SpendRecord) -> No
         raise refuse("latency_ms", "must be a finite number of 0 or more")
     if record.ttfb_ms is not None and not (math.isfinite(record.ttfb_ms) and record.ttfb_ms >= 0):
         raise refuse("ttfb_ms", "must be a finite number of 0 or more")
+    problem = _units_problem(record)
+    if problem is not None:
+        raise refuse(*problem)
     raise AssertionError(f"records[{index}] was refused, but no field of it is wrong")
 
 

@@ -23,10 +23,23 @@ GROUP_FIELDS = {
     "provider": "provider_id",
     "end_user": "end_user",
     "day": "day",
+    "route": "route",
 }
+UNIT_FIELDS = (
+    "input_audio_tokens",
+    "output_audio_tokens",
+    "input_image_tokens",
+    "output_image_tokens",
+    "input_characters",
+    "images",
+    "audio_seconds",
+)
+"""Shown in the table only when some row has them (chat alone has none); CSV and JSON always
+carry them."""
 LEDGER_COLUMNS = (
     "at",
     "kind",
+    "route",
     "virtual_key_id",
     "end_user",
     "model",
@@ -76,7 +89,10 @@ def spend() -> None:
 @_period_options
 @click.option(
     "--group-by",
-    help="Comma list of team, project, virtual_key, model, served_model, provider, end_user, day.",
+    help=(
+        "Comma list of team, project, virtual_key, model, served_model, provider, end_user, "
+        "day, route."
+    ),
 )
 @_output_options
 def report(
@@ -87,7 +103,8 @@ def report(
     as_csv: bool,
     as_json: bool,
 ) -> None:
-    """Requests, refusals, failures, tokens and cost, grouped; with totals."""
+    """Requests, refusals, failures, tokens, the units audio and image calls use, requests
+    no price covered (`unpriced`, at $0 in the ledger) and cost, grouped; with totals."""
     groups = _group_by(group_by)
     answer = admin_client().get(
         "/api/spend/report",
@@ -103,7 +120,8 @@ def report(
         click.echo(_csv(fields, answer["rows"]), nl=False)
         return
     total = {fields[0]: "TOTAL", **answer["totals"]} if groups else answer["totals"]
-    click.echo(_table(fields, [*answer["rows"], total]))
+    unused = {f for f in UNIT_FIELDS if not _nonzero(answer["totals"].get(f))}
+    click.echo(_table([f for f in fields if f not in unused], [*answer["rows"], total]))
 
 
 @spend.command("ledger")
@@ -129,6 +147,13 @@ def ledger(
         click.echo(_csv(list(chosen[0]) if chosen else [], chosen), nl=False)
     else:
         click.echo(_table(LEDGER_COLUMNS, chosen))
+
+
+def _nonzero(value: Any) -> bool:
+    try:
+        return float(value or 0) != 0
+    except (TypeError, ValueError):
+        return True
 
 
 def _csv(fields: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
