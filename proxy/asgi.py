@@ -40,6 +40,7 @@ class Head:
         "anthropic_beta",
         "anthropic_version",
         "content_length",
+        "content_type",
         "end_user",
         "generated_id",
         "key",
@@ -59,6 +60,8 @@ class Head:
         end_user = get(b"x-vkgate-end-user")
         self.anthropic_beta: bytes | None = get(b"anthropic-beta")
         self.anthropic_version: bytes | None = get(b"anthropic-version")
+        self.content_type: bytes | None = get(b"content-type")
+        """Read by the upload routes (multipart/form-data and its boundary)."""
         self.key = _bearer(key) if key is not None else None
         if self.key is None and api_key:
             self.key = api_key.decode("latin-1").strip() or None

@@ -98,6 +98,11 @@ def _decoded(decoder: msgspec.json.Decoder[F], body: bytes) -> F:
     return fields
 
 
+def fields(decoder: msgspec.json.Decoder[F], body: bytes) -> F:
+    """`body`'s fields by `decoder`, or the 400 naming what is wrong with them."""
+    return _decoded(decoder, body)
+
+
 def chat_fields(body: bytes) -> ChatFields:
     return _decoded(_chat, body)
 

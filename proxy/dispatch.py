@@ -99,10 +99,12 @@ class _Walk:
     """One walk down a chain; holds a lone provider 429 in case it is the only answer."""
 
     __slots__ = (
+        "_alias",
         "_breakers",
         "_exchange",
         "_headers",
         "_held",
+        "_operation",
         "_outcome",
         "_recheck",
         "_trace",
@@ -117,8 +119,12 @@ class _Walk:
         recheck: Recheck,
         outcome: Outcome,
         trace: RequestSpan | None = None,
+        alias: str = "",
     ) -> None:
         self._exchange = exchange
+        self._alias = alias
+        self._operation: Operation | None = None
+        """The operation a credential was passed over for not serving."""
         self._trace = trace
         self._headers = headers
         self._breakers = breakers
@@ -146,15 +152,22 @@ class _Walk:
                 # The one provider called refused with a 429: its own answer, passed through.
                 outcome.causes.pop()
                 return _Committed(*held)
-            raise _exhausted(outcome.causes, self._breakers, self._untranslatable)
+            raise _exhausted(outcome.causes, self._breakers, self._untranslatable, self._unserved())
         finally:
             if self._held is not None:
                 self._held[1].close()
+
+    def _unserved(self) -> str:
+        """The words for a chain none of whose credentials serves the route."""
+        operation = self._operation.value if self._operation is not None else "this route"
+        model = f"model {self._alias!r}" if self._alias else "this model"
+        return f"no provider of {model} serves {operation}"
 
     async def _try(self, upstream: Upstream) -> _Committed | None:
         outcome, exchange = self._outcome, self._exchange
         operation = exchange.operation(upstream)
         if operation not in upstream.urls:
+            self._operation = operation
             outcome.causes.append(_cause(upstream, None, ErrorCode.UNSUPPORTED_OPERATION))
             return None
         breaker = self._breakers[upstream.provider_id]
@@ -311,7 +324,10 @@ async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
 
 
 def _exhausted(
-    causes: list[Cause], breakers: Breakers, untranslatable: ProxyError | None
+    causes: list[Cause],
+    breakers: Breakers,
+    untranslatable: ProxyError | None,
+    unserved: str = "no provider for this model serves this route",
 ) -> ProxyError:
     """The error for a chain none of whose credentials answered; it keeps every cause."""
     codes = {cause.code for cause in causes}
@@ -324,12 +340,7 @@ def _exhausted(
         untranslatable.causes = causes
         error = untranslatable
     elif codes == {ErrorCode.UNSUPPORTED_OPERATION}:
-        error = ProxyError(
-            ErrorCode.INVALID_REQUEST,
-            "no provider for this model serves this route",
-            param="model",
-            causes=causes,
-        )
+        error = ProxyError(ErrorCode.INVALID_REQUEST, unserved, param="model", causes=causes)
     elif codes == {ErrorCode.PROVIDER_RATE_LIMITED}:
         error = ProxyError(
             ErrorCode.PROVIDER_RATE_LIMITED,
@@ -433,11 +444,13 @@ class Dispatcher:
         extra: Sequence[tuple[bytes, bytes]] = (),
         trace: RequestSpan | None = None,
         watch: Watch | None = None,
+        *,
+        alias: str = "",
     ) -> None:
         """Answer the client from the first credential of `chain` that answers; `extra`
         headers go on the answer (rate-limit state, budget warnings). A stream learns that its
         client left from `watch` (the server's `ON_DISCONNECT`), or else from `receive`."""
-        walk = _Walk(exchange, headers, self._breakers, recheck, outcome, trace)
+        walk = _Walk(exchange, headers, self._breakers, recheck, outcome, trace, alias)
         outcome.sent_at = self._now()
         committed = await walk.first_answer(chain)
         outcome.committed_at = self._now()
@@ -477,7 +490,12 @@ class Dispatcher:
     ) -> None:
         upstream, reply = committed.upstream, committed.reply
         pipe = exchange.pipe(upstream)
-        headers = _answer_headers(upstream, reply, request_id, fallbacks, b"text/event-stream")
+        # Passed through, a stream keeps the provider's type (audio is no event stream); a
+        # translated one, or one whose provider named no type (or JSON), is events.
+        content_type = reply.content_type
+        if upstream.wire is not exchange.client or content_type.startswith(JSON):
+            content_type = b"text/event-stream"
+        headers = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
         headers.append((b"cache-control", b"no-cache"))
         headers.extend(extra)
         # The stream is pumped in this task; a client that leaves meanwhile ends it from the

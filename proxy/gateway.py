@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from proxy import body as B
 from proxy.asgi import (
     JSON,
@@ -32,13 +34,15 @@ from proxy.breaker import Breakers
 from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError
-from proxy.formats import ChatExchange, EmbeddingsExchange, Exchange
+from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
 from proxy.limits.guard import Governor, Hold
 from proxy.limits.store import Counters
+from proxy.media import audio, images
 from proxy.pace import Pace
+from proxy.prepared import Prepared
 from proxy.providers import Upstream
 from proxy.providers.base import WireFormat
 from proxy.runtime import KeyRuntime
@@ -53,6 +57,7 @@ from vkgate.errors import ErrorCode
 from vkgate.keys import VIRTUAL_KEY_PREFIX
 
 log = logging.getLogger("vkgate.proxy")
+_encode_model = msgspec.json.Encoder().encode
 
 
 def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
@@ -80,12 +85,31 @@ def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
 
 
 MODELS_ROUTE = "/v1/models"
+MODEL_ROUTE = "/v1/models/{id}"
+_MODEL_PREFIX = "/models/"
 OTHER_ROUTE = "other"
 """The route label of a path `/v1` does not serve: never the path itself (unbounded)."""
 
 
 def _route_label(path: str) -> str:
-    return MODELS_ROUTE if path == "/models" else OTHER_ROUTE
+    if path == "/models":
+        return MODELS_ROUTE
+    return MODEL_ROUTE if path.startswith(_MODEL_PREFIX) else OTHER_ROUTE
+
+
+def model_body(runtime: KeyRuntime, alias: str) -> bytes:
+    """`GET /v1/models/{id}`: one alias this key may use, as OpenAI's model object; 404 in
+    OpenAI's shape otherwise (outside `allowed_models` too: it is not this key's to see)."""
+    chain = runtime.chains.get(alias)
+    if not chain:
+        raise ProxyError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"model {alias!r} is not available to this key; GET /v1/models lists the ones that are",
+            param="model",
+        )
+    return _encode_model(
+        {"id": alias, "object": "model", "created": 0, "owned_by": chain[0].provider_name}
+    )
 
 
 def _provider_headers(head: Head) -> dict[str, str]:
@@ -93,19 +117,6 @@ def _provider_headers(head: Head) -> dict[str, str]:
     if head.traceparent is not None:
         headers["traceparent"] = head.traceparent.decode()
     return headers
-
-
-@dataclass(slots=True)
-class Prepared:
-    """A request read and resolved: what dispatch sends, and what the spend record says of it."""
-
-    model: str
-    exchange: Exchange
-    end_user: str | None
-    body: bytes
-    """Kept for a token estimate when the provider reports no usage."""
-    max_output: int | None = None
-    """The most output tokens the request allows (`max_tokens` times `n`), when it says."""
 
 
 Prepare = Callable[[KeyRuntime, Head, bytes], Prepared]
@@ -188,6 +199,11 @@ class Gateway:
             "/chat/completions": Route("/v1/chat/completions", self._chat),
             "/messages": Route("/v1/messages", self._messages, anthropic=True),
             "/embeddings": Route("/v1/embeddings", self._embeddings),
+            "/audio/speech": Route("/v1/audio/speech", audio.speech),
+            "/audio/transcriptions": Route("/v1/audio/transcriptions", audio.transcription),
+            "/audio/translations": Route("/v1/audio/translations", audio.translation),
+            "/images/generations": Route("/v1/images/generations", images.generation),
+            "/images/edits": Route("/v1/images/edits", images.edit),
         }
 
     @property
@@ -226,6 +242,13 @@ class Gateway:
                     runtime.models_body,
                     [(b"content-type", JSON), (b"x-request-id", head.request_id)],
                 )
+                status, code = 200, None
+            elif path.startswith(_MODEL_PREFIX):
+                self._allow(scope, "GET")
+                runtime = await self._authenticate(scope, head)
+                found = model_body(runtime, path.removeprefix(_MODEL_PREFIX))
+                headers = [(b"content-type", JSON), (b"x-request-id", head.request_id)]
+                await respond(send, 200, found, headers)
                 status, code = 200, None
             else:
                 raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
@@ -350,13 +373,16 @@ class Gateway:
                 chain, refused = (), exc
             extra: tuple[tuple[bytes, bytes], ...] = ()
             if runtime.rate_plan is not None or runtime.budget_rules:
-                prompt = Prompt.of(body)
+                estimate, worst = prepared.estimate, prepared.worst
+                if worst is None:
+                    prompt = Prompt.of(body)
+                    estimate, worst = prompt.typical, Worst(prompt.at_most, prepared.max_output)
                 hold = await self._governor.admit(
                     f"{self._hold_prefix}{next(self._holds)}",
                     runtime.rate_plan,
                     runtime.budget_rules,
-                    prompt.typical,
-                    Worst(prompt.at_most, prepared.max_output),
+                    estimate,
+                    worst,
                     chain,
                     prepared.end_user,
                 )
@@ -375,6 +401,7 @@ class Gateway:
                 extra,
                 trace,
                 disconnect_watch(scope),
+                alias=prepared.model,
             )
             status = outcome.status
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None

@@ -156,7 +156,7 @@ def compile_routes(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> R
                 compiled.append(
                     dataclasses.replace(
                         upstream,
-                        rates=rates_of(target.price),
+                        rates=rates_of(target.price, target.unit_price),
                         max_output_tokens=target.max_output_tokens,
                     )
                 )

@@ -25,6 +25,7 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from proxy.errors import ProxyError
+from proxy.limits.cost import Units
 from proxy.limits.store import BudgetBucket, Counters, Reservation
 from proxy.providers import Upstream
 from vkgate.clock import Clock, unix_seconds
@@ -121,6 +122,8 @@ class Worst:
     input_tokens: int
     output_tokens: int | None
     """`max_tokens` times `n`, when the request bounds its output."""
+    units: Units | None = None
+    """An audio or image request's most characters, seconds and images."""
 
     def cost(self, upstream: Upstream, default_output: int) -> int:
         if upstream.rates is None:
@@ -128,7 +131,7 @@ class Worst:
         output = self.output_tokens
         if output is None:
             output = upstream.max_output_tokens or default_output
-        return upstream.rates.cost(self.input_tokens, output)
+        return upstream.rates.worst(self.input_tokens, output, self.units)
 
 
 @dataclass(slots=True)

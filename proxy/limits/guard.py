@@ -141,12 +141,7 @@ class Governor:
         if ask is not None:
             cost = 0
             if record is not None and served is not None and served.rates is not None:
-                cost = served.rates.cost(
-                    record.input_tokens,
-                    record.output_tokens,
-                    record.cache_read_tokens,
-                    record.cache_write_tokens,
-                )
+                cost = served.rates.spent(record)
             costs = ask.costs(served.provider_id if served is not None else None, cost)
         await self._counters.finish(
             hold.holder,

@@ -17,6 +17,11 @@ class Operation(StrEnum):
     MESSAGES = "messages"
     """Anthropic's Messages API."""
     EMBEDDINGS = "embeddings"
+    SPEECH = "audio speech"
+    TRANSCRIPTION = "audio transcription"
+    TRANSLATION = "audio translation"
+    IMAGE_GENERATION = "image generation"
+    IMAGE_EDIT = "image edit"
 
 
 class WireFormat(StrEnum):

@@ -16,7 +16,16 @@ from proxy.providers._client import HttpClient
 from proxy.providers.base import Operation, ProviderMisconfigured, Reply, Upstream
 from vkgate.wire import ChainTarget
 
-PATHS = {Operation.CHAT: "/chat/completions", Operation.EMBEDDINGS: "/embeddings"}
+PATHS = {
+    Operation.CHAT: "/chat/completions",
+    Operation.EMBEDDINGS: "/embeddings",
+    # Azure serves these under a deployment as well, at the same paths.
+    Operation.SPEECH: "/audio/speech",
+    Operation.TRANSCRIPTION: "/audio/transcriptions",
+    Operation.TRANSLATION: "/audio/translations",
+    Operation.IMAGE_GENERATION: "/images/generations",
+    Operation.IMAGE_EDIT: "/images/edits",
+}
 AZURE_API_VERSION = "2024-10-21"
 """Azure's API version when a credential names none: a GA one that takes `stream_options`."""
 

@@ -18,7 +18,7 @@ from vkgate.spend import RecordKind, SpendRecord, UsageSource
 
 if TYPE_CHECKING:
     from proxy.dispatch import Outcome
-    from proxy.gateway import Prepared
+    from proxy.prepared import Prepared
     from proxy.runtime import KeyRuntime
     from proxy.spend.spool import SpendSpool
 
@@ -120,7 +120,10 @@ class Ticket:
             record.upstream_model = upstream.model
             record.served_model = outcome.served_model or upstream.model
         usage = outcome.usage
-        if usage is not None:
+        if request is not None and request.meter is not None:
+            # Audio and images: the route knows its units, and an upload is no prompt to count.
+            request.meter.measure(record, outcome)
+        elif usage is not None:
             _count(record, usage)
             record.usage_source = UsageSource.PROVIDER
         elif served and request is not None:

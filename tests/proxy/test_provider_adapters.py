@@ -314,6 +314,11 @@ def test_openai_defaults_to_openais_own_address(http_client: HttpClient) -> None
     assert upstream.urls == {
         Operation.CHAT: "https://api.openai.com/v1/chat/completions",
         Operation.EMBEDDINGS: "https://api.openai.com/v1/embeddings",
+        Operation.SPEECH: "https://api.openai.com/v1/audio/speech",
+        Operation.TRANSCRIPTION: "https://api.openai.com/v1/audio/transcriptions",
+        Operation.TRANSLATION: "https://api.openai.com/v1/audio/translations",
+        Operation.IMAGE_GENERATION: "https://api.openai.com/v1/images/generations",
+        Operation.IMAGE_EDIT: "https://api.openai.com/v1/images/edits",
     }
 
 
@@ -324,9 +329,15 @@ def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
         target("azure_openai", "https://acme.openai.azure.com/", "team a/gpt-4o", "azure-key")
     )
     deployment = "https://acme.openai.azure.com/openai/deployments/team%20a%2Fgpt-4o"
+    version = "?api-version=2024-10-21"
     assert upstream.urls == {
-        Operation.CHAT: f"{deployment}/chat/completions?api-version=2024-10-21",
-        Operation.EMBEDDINGS: f"{deployment}/embeddings?api-version=2024-10-21",
+        Operation.CHAT: f"{deployment}/chat/completions{version}",
+        Operation.EMBEDDINGS: f"{deployment}/embeddings{version}",
+        Operation.SPEECH: f"{deployment}/audio/speech{version}",
+        Operation.TRANSCRIPTION: f"{deployment}/audio/transcriptions{version}",
+        Operation.TRANSLATION: f"{deployment}/audio/translations{version}",
+        Operation.IMAGE_GENERATION: f"{deployment}/images/generations{version}",
+        Operation.IMAGE_EDIT: f"{deployment}/images/edits{version}",
     }
     assert upstream.headers == {"Content-Type": "application/json", "api-key": "azure-key"}
 

@@ -1,7 +1,8 @@
 """A fake OpenAI-compatible provider: a real HTTP server on loopback speaking OpenAI's wire format.
 
 It answers chat completions (plain and SSE, with `stream_options.include_usage`, tool calls),
-embeddings (float and base64) and the model list, under OpenAI's paths and Azure OpenAI's
+embeddings (float and base64), the model list, and the audio and image routes
+(`fake_openai_media`), under OpenAI's paths and Azure OpenAI's
 deployment paths; records every request it receives, byte for byte; and can be told to fail,
 stall, stream slowly or cut a stream for the next requests. `FakeProvider` holds what every fake
 provider shares.
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.support import fake_openai_media
 
 API_KEY = "sk-fake-upstream-credential-0f3a"
 REPLY = "Hi there! I am the fake upstream."
@@ -338,6 +341,7 @@ def _app(fake: FakeOpenAI) -> web.Application:
     deployment = "/openai/deployments/{deployment}"
     app.router.add_post(deployment + "/chat/completions", azure_route(chat))
     app.router.add_post(deployment + "/embeddings", azure_route(embeddings))
+    fake_openai_media.add_routes(app, fake, gate, azure_gate)
     return app
 
 
