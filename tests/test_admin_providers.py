@@ -218,6 +218,51 @@ async def test_price_overrides_round_trip_omitting_absent_cache_prices(
     assert (await get_provider(client, created["id"]))["price_overrides"] == prices
 
 
+async def test_price_overrides_take_per_image_per_second_and_per_character_prices(
+    client: Client, world: World
+) -> None:
+    prices = {
+        "dall-e-3": {"per_image": {"1024x1024": "0.04", "1024x1024/hd": "0.08", "*/hd": "0.12"}},
+        "whisper-1": {"per_second": "0.0001"},
+        "tts-1": {"per_character": "0.000015"},
+        "gpt-image-1": {
+            "input_per_mtok": "5",
+            "output_per_mtok": "40",
+            "input_image_per_mtok": "10",
+        },
+    }
+    created = await create(client, PROVIDERS, provider_body(world.org, price_overrides=prices))
+    assert created["price_overrides"] == prices
+
+
+@pytest.mark.parametrize(
+    ("override", "param", "words"),
+    [
+        ({}, "price_overrides.m", "needs a price"),
+        ({"input_per_mtok": "1"}, "price_overrides.m", "output_per_mtok is missing"),
+        ({"cache_read_per_mtok": "1", "per_second": "1"}, "price_overrides.m", "cache rate"),
+        ({"per_second": "-1"}, "price_overrides[...].per_second", "matching regex"),
+        ({"per_image": {"huge": "1"}}, "price_overrides[...].per_image", "matching regex"),
+        ({"per_image": {"1024x1024/": "1"}}, "price_overrides[...].per_image", "matching regex"),
+        (
+            {"per_image": {"1024x1024": "x"}},
+            "price_overrides[...].per_image[...]",
+            "matching regex",
+        ),
+        ({"per_pixel": "1"}, "price_overrides[...].per_pixel", "unknown field"),
+    ],
+)
+async def test_a_price_override_that_prices_nothing_or_badly_is_a_422_naming_it(
+    client: Client, world: World, override: dict[str, Any], param: str, words: str
+) -> None:
+    response = await client.post(
+        PROVIDERS, json=provider_body(world.org, price_overrides={"m": override}), headers=ADMIN
+    )
+    error = error_of(response, 422, "validation_error")
+    assert words in error["message"], error
+    assert error["param"] == param, error
+
+
 async def test_get_returns_what_create_answered(client: Client, world: World) -> None:
     created = await create(client, PROVIDERS, provider_body(world.org, headers={"X-A": "b"}))
     assert await get_provider(client, created["id"]) == created

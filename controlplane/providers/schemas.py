@@ -50,38 +50,30 @@ class PriceOverride(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     per_image: dict[ImageKey, Decimal] | None = None
     """Each image made, by its `size/quality`; the most specific key that matches applies."""
 
-    def __post_init__(self) -> None:
-        # Raised as msgspec's own error, so the 422 names the field like any other.
+    def problem(self) -> str | None:
+        """What makes this override unusable, or None."""
         if (self.input_per_mtok is None) != (self.output_per_mtok is None):
             missing = "input_per_mtok" if self.input_per_mtok is None else "output_per_mtok"
-            raise ValueError(
-                f"input_per_mtok and output_per_mtok go together: {missing} is missing"
-            )
-        token_only = (
-            self.cache_read_per_mtok,
-            self.cache_write_per_mtok,
-        )
-        if self.input_per_mtok is None and any(rate is not None for rate in token_only):
-            raise ValueError("a cache rate needs input_per_mtok and output_per_mtok")
-        if (
-            self.input_per_mtok is None
-            and self.per_character is None
-            and self.per_second is None
-            and not self.per_image
-            and not any(
-                rate is not None
-                for rate in (
-                    self.input_audio_per_mtok,
-                    self.output_audio_per_mtok,
-                    self.input_image_per_mtok,
-                    self.output_image_per_mtok,
-                )
-            )
+            return f"input_per_mtok and output_per_mtok go together: {missing} is missing"
+        if self.input_per_mtok is None and (
+            self.cache_read_per_mtok is not None or self.cache_write_per_mtok is not None
         ):
-            raise ValueError(
+            return "a cache rate needs input_per_mtok and output_per_mtok"
+        units = (
+            self.input_per_mtok,
+            self.input_audio_per_mtok,
+            self.output_audio_per_mtok,
+            self.input_image_per_mtok,
+            self.output_image_per_mtok,
+            self.per_character,
+            self.per_second,
+        )
+        if all(rate is None for rate in units) and not self.per_image:
+            return (
                 "a price override needs a price: input_per_mtok and output_per_mtok, "
                 "per_character, per_second, per_image, or an audio or image token rate"
             )
+        return None
 
 
 class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):

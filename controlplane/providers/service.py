@@ -108,6 +108,12 @@ def open_api_key(cipher: Cipher, row: Provider) -> str | None:
 
 
 def _prices(overrides: dict[str, PriceOverride] | None) -> dict[str, Any]:
+    for model, override in (overrides or {}).items():
+        problem = override.problem()
+        if problem is not None:
+            raise invalid(
+                f"price_overrides[{model!r}]: {problem}", param=f"price_overrides.{model}"
+            )
     return msgspec.to_builtins(overrides or {})  # type: ignore[no-any-return]
 
 

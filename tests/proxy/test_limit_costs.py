@@ -224,3 +224,45 @@ async def test_a_budgets_newest_figure_counts_for_every_key_under_it() -> None:
     assert await figure(key_b) == (500_000_000, unix_seconds("2026-03-10T12:00:05Z"))
     guard.learn(rules("0.1", "2026-03-10T11:59:00Z"))  # an older reading changes nothing
     assert (await figure(key_b))[0] == 500_000_000
+
+
+# -- audio and images ---------------------------------------------------------------------------
+
+
+def test_unit_prices_reserve_images_at_the_dearest_price_their_options_could_have() -> None:
+    from proxy.limits.cost import Units, image_option, rates_of
+    from vkgate.wire import UnitPrice
+
+    rates = rates_of(
+        None, UnitPrice(per_image={"1024x1024": "0.04", "1024x1024/hd": "0.08", "*/hd": "0.12"})
+    )
+    assert rates is not None and (rates.input, rates.output) == (0, 0)
+    two_hd = Units(images=2, image_options=(image_option("1024x1024", "hd"),))
+    assert rates.worst(0, 0, two_hd) == 160_000_000
+    # Quality left to the provider: the dearest quality of that size.
+    assert rates.worst(0, 0, Units(images=1, image_options=(image_option("1024x1024", None),)))
+    assert rates.worst(0, 0, Units(images=1, image_options=(image_option("auto", "auto"),))) == (
+        120_000_000
+    )
+
+
+def test_unit_prices_settle_characters_and_seconds_rounded_up() -> None:
+    from proxy.limits.cost import Units, rates_of
+    from vkgate.spend import SpendRecord
+    from vkgate.wire import UnitPrice
+
+    rates = rates_of(None, UnitPrice(per_character="0.000015", per_second="0.0001"))
+    assert rates is not None
+    assert rates.worst(0, 0, Units(characters=1000, audio_seconds=2.5)) == 15_000_000 + 250_000
+    spoken = SpendRecord(
+        id="x",
+        kind="confirm",
+        replica_id="r",
+        seq=1,
+        request_id="q",
+        at="",
+        route="/v1/x",
+        input_characters=7,
+        audio_seconds=0.0015,
+    )
+    assert rates.spent(spoken) == 105_000 + 200
