@@ -275,13 +275,18 @@ class Rates:
         if scaled is None or images:
             return to_nanos(self.usd(tokens, images, option))
         rates, places = scaled
-        leaves = tokens.leaves()
-        if not any(leaves[4:]):
-            # Text tokens only (nearly every record): four products.
+        input, output, cache_read, cache_write, *others = tokens
+        if not any(others):
+            # Text tokens only (nearly every record): four products, as before other units.
             i, o, r, w = rates[:4]
-            total = i * leaves[0] + o * leaves[1] + r * leaves[2] + w * leaves[3]
+            total = (
+                i * (input - cache_read - cache_write)
+                + o * output
+                + r * cache_read
+                + w * cache_write
+            )
         else:
-            total = sum(rate * count for rate, count in zip(rates, leaves, strict=True))
+            total = sum(rate * count for rate, count in zip(rates, tokens.leaves(), strict=True))
         return _round_scaled(total, places - 9)
 
     def usd(self, tokens: Tokens, images: int = 0, option: str = "") -> Decimal:
@@ -480,11 +485,16 @@ class Pricer:
             cached = (sheet, _linear_rates(sheet), _covered(sheet))
             self._sheets[id(sheet)] = cached
         _, rates, covered = cached
-        if not any(
-            count and priced for count, priced in zip(tokens.leaves(), covered, strict=True)
-        ):
+        others = any(tokens[4:])
+        if others or not (covered[0] and covered[1]):
+            # Units beyond text tokens, or a sheet that does not price text tokens: priced
+            # only if the sheet covers one of the units used.
+            leaves = tokens.leaves()
+            if not any(count and priced for count, priced in zip(leaves, covered, strict=True)):
+                return None
+        elif not (tokens.input or tokens.output):
             return None
-        mixed = (tokens.cache_read or tokens.cache_write) and any(tokens.leaves()[4:])
+        mixed = others and (tokens.cache_read or tokens.cache_write)
         if rates is not None and not mixed:
             return rates.nanos(tokens)
         try:
