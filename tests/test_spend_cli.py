@@ -158,3 +158,58 @@ def test_spend_report_refuses_an_unknown_group(
     )  # fmt: skip
     assert server_side.returncode != 0
     assert "422 validation_error" in server_side.stderr and "(field: from)" in server_side.stderr
+
+
+def test_spend_report_shows_audio_units_and_unpriced_requests(
+    controlplane_url: str, tmp_path: Path
+) -> None:
+    url = controlplane_url
+    org = post(url, "/api/admin/organizations", {"name": "cli-audio"})["id"]
+    provider = post(
+        url,
+        "/api/admin/providers",
+        {
+            "organization_id": org,
+            "name": "speech",
+            "kind": "openai_compatible",
+            "base_url": "http://speech.internal/v1",
+            "price_overrides": {"my-whisper": {"per_second": "0.0001"}},
+        },
+    )["id"]
+    records = []
+    for model, fields in [
+        ("my-whisper", {"audio_seconds": 12.345}),
+        ("my-tts", {"input_characters": 40}),  # no price covers characters of this model
+    ]:
+        records += request(
+            DAY,
+            organization_id=org,
+            model=model,
+            served_model=model,
+            provider_id=provider,
+            provider_kind="openai_compatible",
+            route="/v1/audio/transcriptions",
+            **fields,
+        )
+    body = msgspec.json.encode(segment(records))
+    headers = signing.signed_headers(
+        INTERNAL_SECRET, "POST", SPEND_COMMANDS, body, datetime.now(UTC).timestamp()
+    )
+    assert httpx.post(f"{url}{SPEND_COMMANDS}", content=body, headers=headers).status_code == 200
+
+    table = spend(url, tmp_path, "report", "--org", org, "--group-by", "model").splitlines()
+    columns = table[0].split()
+    assert {"INPUT_CHARACTERS", "AUDIO_SECONDS", "UNPRICED"} <= set(columns)
+    assert "IMAGES" not in columns  # no row has images: the table leaves the column out
+    total = dict(zip(columns[1:], table[-1].split()[1:], strict=True))
+    assert (total["AUDIO_SECONDS"], total["UNPRICED"], total["COST_USD"]) == (
+        "12.345",
+        "1",
+        "0.0012345",
+    )
+    rows = list(csv.DictReader(io.StringIO(spend(url, tmp_path, "report", "--org", org, "--csv"))))
+    assert (rows[0]["unpriced"], rows[0]["images"], rows[0]["audio_seconds"]) == (
+        "1",
+        "0",
+        "12.345",
+    )

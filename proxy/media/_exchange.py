@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from vkgate.spend import SpendRecord
 
 
+NOT_REPORTED = TokenUsage()
+"""What `usage_of` says of an answer without usage: read, and found to report none."""
+
+
 class MediaExchange:
     """The parts every audio and image route shares: same-format pass-through with `model`
     replaced, answers read for their usage, and the outcome record measured.
@@ -72,7 +76,9 @@ class MediaExchange:
             return None, None
         reading = self.read(data)
         self._reading = reading
-        return reading.usage, reading.model
+        # Never None: dispatch would run a tokenizer over the answer (megabytes of base64 for
+        # images) to estimate what `measure` never uses.
+        return reading.usage or NOT_REPORTED, reading.model
 
     def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
         return data
@@ -88,7 +94,7 @@ class MediaExchange:
         reading = self._pipe.reading if self._pipe is not None else self._reading
         if not served or reading is None:
             reading = Reading()
-        usage = outcome.usage or reading.usage
+        usage = reading.usage
         if usage is not None and served:
             record.input_tokens = max(usage.input_tokens, 0)
             record.output_tokens = max(usage.output_tokens, 0)

@@ -142,12 +142,15 @@ class EventTap:
     `….completed` event of an image stream is one image made.
     """
 
-    __slots__ = ("_output_is", "_reader", "reading")
+    __slots__ = ("_output_is", "_pending", "_reader", "reading")
     errored = False
 
     def __init__(self, output_is: str = "") -> None:
         self._reader = EventReader()
         self._output_is = output_is
+        self._pending: list[bytes] = []
+        """Chunks with no event's end in them: an image event is megabytes of base64, and
+        handing each chunk to the reader would copy its growing line again and again."""
         self.reading = Reading()
 
     @property
@@ -159,12 +162,21 @@ class EventTap:
         return None
 
     def feed(self, data: bytes) -> bytes:
-        self._read(self._reader.feed(data))
+        self._pending.append(data)
+        if b"\n\n" in data or b"\r\n\r\n" in data or data[:1] in (b"\n", b"\r"):
+            self._take()
         return data
 
     def finish(self) -> bytes:
+        self._take()
         self._read(self._reader.flush())
         return b""
+
+    def _take(self) -> None:
+        if self._pending:
+            joined = b"".join(self._pending)
+            self._pending.clear()
+            self._read(self._reader.feed(joined))
 
     def _read(self, events: list[Event]) -> None:
         for _, data in events:
