@@ -129,6 +129,7 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "headers": {},
             "price": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"},
             "max_output_tokens": context_window("openai", "gpt-4o-mini"),
+            "unit_price": None,
         },
         {
             "provider_id": vllm["id"],
@@ -141,12 +142,54 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "headers": {"X-Tenant": "acme"},
             "price": None,
             "max_output_tokens": None,
+            "unit_price": None,
         },
     ]
     # A price override is per upstream model: gpt-4o has none, so genai-prices' price is sent.
     assert got["aliases"]["smart"][0]["model"] == "gpt-4o"
     assert got["aliases"]["smart"][0]["price"] == genai_price("openai", "gpt-4o")
     assert got["team_limits"] == {}
+
+
+async def test_bundle_carries_unit_prices_from_overrides_and_genai_prices(
+    client: httpx.AsyncClient, internal: Internal, world: World
+) -> None:
+    overrides = {
+        "dall-e-3": {"per_image": {"1024x1024": "0.04", "*/hd": "0.12"}},
+        "gpt-image-1": {
+            "input_per_mtok": "5",
+            "output_per_mtok": "40",
+            "input_image_per_mtok": "10",
+        },
+    }
+    await admin(
+        client, "PATCH", f"/api/admin/providers/{world.provider}", {"price_overrides": overrides}
+    )
+    aliases = {"dalle": "dall-e-3", "image": "gpt-image-1", "whisper": "whisper-1", "tts": "tts-1"}
+    await admin(
+        client,
+        "PATCH",
+        f"/api/admin/routing-policies/{world.policy}",
+        {
+            "aliases": {
+                alias: [{"provider_id": world.provider, "model": model}]
+                for alias, model in aliases.items()
+            }
+        },
+    )
+    got = await bundle(internal, world.key_id)
+    [dalle], [image], [whisper], [tts] = (
+        got["aliases"][a] for a in ("dalle", "image", "whisper", "tts")
+    )
+    assert (dalle["price"], dalle["unit_price"]) == (
+        None,
+        {"per_image": overrides["dall-e-3"]["per_image"]},
+    )
+    assert image["price"] == {"input_per_mtok": "5", "output_per_mtok": "40"}
+    assert image["unit_price"] == {"input_image_per_mtok": "10"}
+    # genai-prices: whisper-1 by the second, tts-1 by the character, and no token price.
+    assert (whisper["price"], whisper["unit_price"]) == (None, {"per_second": "0.0001"})
+    assert (tts["price"], tts["unit_price"]) == (None, {"per_character": "0.000015"})
 
 
 async def test_bundle_carries_the_keys_expiry_and_metadata(
