@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
     from proxy.limits.fallback import FallbackCounters
+    from proxy.limits.leases import LeasedCounters
 
 log = logging.getLogger("vkgate.proxy")
 
@@ -145,6 +146,9 @@ class Running:
         counters = _fallback(self.counters)
         if counters is not None:
             sources.limits_fallback = lambda: (counters.degraded, counters.local_calls)
+        leased = _leased(self.counters)
+        if leased is not None:
+            sources.limits_leases = lambda: leased.stats
 
 
 def _provider_client(settings: ProxySettings) -> HttpClient:
@@ -181,28 +185,35 @@ async def _metrics_listener(settings: ProxySettings, metrics: ProxyMetrics) -> A
 
 
 def _counters(settings: ProxySettings, clock: Clock) -> Counters:
-    """Rate-limit and budget counters: in-process, or shared through Redis when configured
-    (falling back to in-process while Redis cannot be reached)."""
+    """Rate-limit and budget counters: in-process, or shared through leases on Redis when
+    configured (falling back to in-process while Redis cannot be reached)."""
     if settings.redis_url is None:
         return LocalCounters()
     # Imported only here: the Redis client is 8 MiB of the memory of a proxy that has no use
     # for it (measured on top of the rest of the proxy's imports).
     import redis.asyncio
+    import redis.asyncio.cluster
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     from proxy.limits.fallback import FallbackCounters
-    from proxy.limits.redis_counters import RedisCounters
+    from proxy.limits.lease_store import RedisLeaseStore
+    from proxy.limits.leases import LeasedCounters
 
-    client = redis.asyncio.Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
+    options: dict[str, Any] = {
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": settings.redis_timeout_s,
         # No retries: a Redis that does not answer in time is served around (in-process
         # counters) at once, not after ten backed-off attempts.
-        retry=Retry(NoBackoff(), 0),
-    )
-    return FallbackCounters(RedisCounters(client), LocalCounters(), clock)
+        "retry": Retry(NoBackoff(), 0),
+    }
+    client: Any
+    if settings.redis_cluster:
+        client = redis.asyncio.cluster.RedisCluster.from_url(settings.redis_url, **options)
+    else:
+        client = redis.asyncio.Redis.from_url(settings.redis_url, **options)
+    leased = LeasedCounters(RedisLeaseStore(client), clock, ttl_s=settings.limits_lease_s)
+    return FallbackCounters(leased, LocalCounters(), clock)
 
 
 async def _start(
@@ -250,6 +261,9 @@ async def _start(
     stack.push_async_callback(cache.close)
     counters = running.counters = _counters(settings, clock)
     stack.push_async_callback(counters.close)
+    leased = _leased(counters)
+    if leased is not None:
+        leased.start()
     poller = running.poller = ChangeFeedPoller(
         control, cache, timeout_s=settings.changes_timeout_s, monotonic=clock.monotonic
     )
@@ -464,6 +478,18 @@ def _fallback(counters: Counters | None) -> FallbackCounters | None:
     if module is not None and isinstance(counters, module.FallbackCounters):
         found: FallbackCounters = counters
         return found
+    return None
+
+
+def _leased(counters: Counters | None) -> LeasedCounters | None:
+    """The leases behind `counters`, when they are shared through Redis."""
+    fallback = _fallback(counters)
+    module = sys.modules.get("proxy.limits.leases")
+    if fallback is not None and module is not None:
+        shared = fallback.shared
+        if isinstance(shared, module.LeasedCounters):
+            found: LeasedCounters = shared
+            return found
     return None
 
 

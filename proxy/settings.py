@@ -88,6 +88,10 @@ class ProxySettings:
     """Shared counters for rate limits and budget reservations; None keeps them in-process."""
     redis_timeout_s: float = 0.5
     """How long one Redis call may take before this replica falls back to its own counters."""
+    redis_cluster: bool = False
+    """`redis_url` names one node of a Redis Cluster; the client finds the others."""
+    limits_lease_s: float = 2.0
+    """How long a slice of a shared bucket is leased for before it is renewed or lapses."""
     trusted_proxy_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     """Peers whose `X-Forwarded-For` / `X-Real-IP` name the client address."""
     invalid_key_cache_s: float = 30.0
@@ -165,6 +169,8 @@ class ProxySettings:
             replica_id=_replica_id(env),
             redis_url=_redis_url(env),
             redis_timeout_s=_seconds(env, "VKGATE_REDIS_TIMEOUT_SECONDS", 0.5),
+            redis_cluster=E.boolean(env, "VKGATE_REDIS_CLUSTER", False),
+            limits_lease_s=_lease_seconds(env),
             trusted_proxy_cidrs=E.networks(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
             invalid_key_cache_s=_seconds(env, "VKGATE_INVALID_KEY_CACHE_SECONDS", 30.0),
             invalid_keys_per_minute=E.integer(env, "VKGATE_INVALID_KEYS_PER_MINUTE", 60, minimum=1),
@@ -222,6 +228,16 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     value = E.number(env, name, default)
     if value <= 0:
         raise E.SettingError(f"{name} must be more than 0, got {value}")
+    return value
+
+
+def _lease_seconds(env: Mapping[str, str]) -> float:
+    name = "VKGATE_LIMITS_LEASE_SECONDS"
+    value = E.number(env, name, 2.0)
+    # Below half a second renewals would cost more Redis calls than leases save; above a
+    # minute a dead replica's slices would be missing for too long.
+    if not 0.5 <= value <= 60:
+        raise E.SettingError(f"{name} must be between 0.5 and 60, got {value}")
     return value
 
 

@@ -22,7 +22,6 @@ from typing import TypeVar
 import redis.exceptions
 
 from proxy.limits.counters import LocalCounters
-from proxy.limits.redis_counters import RedisCounters
 from proxy.limits.store import (
     Admission,
     Bucket,
@@ -42,6 +41,9 @@ UNREACHABLE = (
     # Redis answered, but cannot serve: out of memory, busy, a read-only replica after a
     # failover, a cluster refusing a script across slots. Served locally rather than a 500.
     redis.exceptions.ResponseError,
+    # A cluster with a master down (its slots uncovered), or its nodes not yet known.
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,
     TimeoutError,
     OSError,
 )
@@ -54,9 +56,12 @@ class FallbackCounters:
     """`Counters` on Redis, falling back to in-process counters while Redis is unreachable."""
 
     def __init__(
-        self, redis: RedisCounters, local: LocalCounters, clock: Clock, retry_s: float = 5.0
+        self, redis: Counters, local: LocalCounters, clock: Clock, retry_s: float = 5.0
     ) -> None:
+        """`redis`: the shared counters (`LeasedCounters` on Redis, or `RedisCounters`)."""
         self._redis = redis
+        self.shared = redis
+        """The shared counters (what the metrics read the leases' state from)."""
         self._local = local
         self._clock = clock
         self._retry_s = retry_s

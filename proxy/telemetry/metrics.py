@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -21,6 +22,9 @@ from prometheus_client.registry import Collector
 import vkgate
 from proxy.breaker import BreakerState
 from proxy.spend.spool import SpoolStats
+
+if TYPE_CHECKING:
+    from proxy.limits.leases import LeaseStats
 
 LATENCY_BOUNDS = (
     0.001,
@@ -123,6 +127,8 @@ class Sources:
     spool: Callable[[], SpoolStats] | None = None
     limits_fallback: Callable[[], tuple[bool, int]] | None = None
     """(serving from in-process counters now, calls served so) while Redis is configured."""
+    limits_leases: Callable[[], LeaseStats] | None = None
+    """What the leases of the shared counters did, while Redis is configured."""
 
 
 class ProxyMetrics(Collector):
@@ -270,8 +276,44 @@ class ProxyMetrics(Collector):
                 value=calls,
             )
 
+        if sources.limits_leases is not None:
+            yield from _lease_families(sources.limits_leases())
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _lease_families(stats: LeaseStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    leases = CounterMetricFamily(
+        "vkgate_limits_leases",
+        "Slices of shared rate limits, concurrency limits and budgets: taken (or grown) from "
+        "Redis, returned unused, expired (Redis lapsed them before this replica synced), "
+        "revoked (their limit or budget changed)",
+        labels=("event",),
+    )
+    for name, value in (
+        ("taken", stats.taken),
+        ("returned", stats.returned),
+        ("expired", stats.expired),
+        ("revoked", stats.revoked),
+    ):
+        leases.add_metric([name], value)
+    yield leases
+    admissions = CounterMetricFamily(
+        "vkgate_limits_admissions",
+        "Requests admitted or refused by the shared limits: `lease` from this replica's "
+        "slices alone, `redis` after a call to Redis",
+        labels=("source",),
+    )
+    admissions.add_metric(["lease"], stats.local)
+    admissions.add_metric(["redis"], stats.synced)
+    yield admissions
+    total = stats.local + stats.synced
+    yield GaugeMetricFamily(
+        "vkgate_limits_served_without_redis_ratio",
+        "Share of the requests under shared limits since start that made no Redis call",
+        value=stats.local / total if total else 0.0,
+    )
 
 
 def _spool_families(stats: SpoolStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -11,13 +11,17 @@ import pytest
 from redis.asyncio import Redis
 
 from proxy.limits.counters import LocalCounters
+from proxy.limits.lease_store import RedisLeaseStore
+from proxy.limits.leases import LeasedCounters
 from proxy.limits.redis_counters import RedisCounters
 from proxy.limits.store import ACKED_KEEP_S, LEDGER_SKEW_S, Bucket, BudgetBucket, Counters, Slots
+from vkgate.clock import SystemClock
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 T0 = 1_800_000_000.0
 """Every test's start, unix seconds; time then moves only by the `now` each call passes."""
 LEASE_S = 30.0
+LEASED_TTL_S = 0.4
 HOLD_S = 600.0
 
 
@@ -39,7 +43,7 @@ async def delete_prefixed(prefix: str) -> None:
         await client.aclose()
 
 
-@pytest.fixture(params=["local", "redis"])
+@pytest.fixture(params=["local", "redis", "leased"])
 async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
     if request.param == "local":
         local = LocalCounters()
@@ -47,7 +51,14 @@ async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
         await local.close()
         return
     prefix = unique_prefix()
-    shared = RedisCounters(redis_client(), prefix)
+    shared: Counters
+    if request.param == "leased":
+        # A short time to live: a level read after the test moves time on is the store's.
+        shared = LeasedCounters(
+            RedisLeaseStore(redis_client(), prefix), SystemClock(), ttl_s=LEASED_TTL_S
+        )
+    else:
+        shared = RedisCounters(redis_client(), prefix)
     try:
         yield shared
     finally:
@@ -401,6 +412,13 @@ async def request_entries(counters: Counters, key: str) -> tuple[list[str], int]
         state = counters._budgets[key]
         entries = [f"o:{r}" for r in state.open] + [f"u:{r}" for r in state.unacked]
         return sorted(entries), len(state.deadlines)
+    if isinstance(counters, LeasedCounters):
+        # Per request, only the replica keeps anything: its reservation in its lease, and
+        # which reported entry its settled cost went into until the ledger has it.
+        lease = counters._budgets.get(key)
+        opened = [f"o:{r}" for r in lease.reserved] if lease is not None else []
+        settled = [f"u:{r}" for k, r in counters._entries if k == key]
+        return sorted(opened + settled), len(opened) + len(settled)
     assert isinstance(counters, RedisCounters)
     client, hash_key = counters._client, f"{counters._budget_prefix}{key}}}"
     fixed = {"base", "asof", "open", "unl", "ack", "exp"}

@@ -1,0 +1,415 @@
+"""`RedisLeaseStore`: where replicas take their slices of each bucket, one bucket per call.
+
+Every call is one Lua script on the keys of one bucket, and those keys share one hash tag (the
+bucket's name in braces), so a call touches one hash slot: it runs alike on a single Redis, a
+Sentinel-managed one, and Redis Cluster, where buckets spread over every master.
+
+A replica holds at most one lease per bucket, named by its lease id, and every call on it is a
+*sync*: the replica reports what it spent since the last one, says how much of its unused slice
+it keeps, and may ask for more (`need`, checked against what is left; `want`, the most it would
+take). What it is given beyond `need` shrinks as the bucket empties: at most a `SHARE`-th of
+what is left (divided again among the replicas holding leases), so far from the limit a slice
+lasts many requests and near it a slice is one request, every request a sync, exactly as
+exact as a call per request. A lease lives `ttl` seconds from its last sync; a replica that
+stops syncing (it died) has its unused slice given back by the next call that finds it lapsed.
+
+Layout (P is the prefix):
+
+- token bucket `P tl:{key}`: hash `level`, `ts` (the bucket's level outside the leases, and when
+  it was last refilled), and per lease `l:<id>` = "<unused> <deadline>". The level never refills
+  above the capacity less the leases' unused slices, so the bucket with its leases never holds
+  more than its capacity (a burst admits at most the limit across the fleet).
+- slots `P sll:{key}`: hash, per lease `l:<id>` = "<slots> <deadline>".
+- budget `P bg:{key}` with its `:dl` and `:ak` sorted sets: the layout of the shared budget
+  counters (`proxy.limits.redis_counters`), where a lease is an open reservation `o:<id>` and
+  each report of settled spend an unacknowledged entry `u:<entry>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.limits.redis_counters import _LEDGERED, _LUA_BUDGETS, _LUA_COMMON
+from proxy.limits.store import Bucket, BudgetBucket, Slots
+
+SHARE = 4
+"""A slice beyond what a request needs is at most this share of what is left (and of that, one
+part per replica holding a lease): the fleet's idle slices stay a fraction of what is left."""
+
+
+@dataclass(slots=True)
+class Grant:
+    """What a sync did."""
+
+    granted: float
+    """Given beyond what the lease kept: at least `need`; 0 when nothing was asked; -1 when
+    `need` could not be given (the lease kept what it had, nothing more)."""
+    amount: float
+    """The lease's slice in the store after the call: unused tokens, slots, or budget nanos
+    (its reservations in flight included)."""
+    level: float
+    """Tokens: the bucket's level outside every lease. Budgets: the bucket's level, this
+    lease's whole slice included. Slots: the slots every lease holds."""
+    lapsed: bool
+    """The lease had lapsed in the store before this call (the replica did not sync in time)."""
+
+
+class LeaseStore(Protocol):
+    """Where leases are taken, synced and given back; each call atomic on its one bucket."""
+
+    async def tokens(
+        self,
+        bucket: Bucket,
+        lease: str,
+        now: float,
+        *,
+        used: float,
+        keep: float,
+        need: float,
+        want: float,
+        ttl: float,
+    ) -> Grant:
+        """Lapse other leases past their deadline (their unused slices back into the level),
+        refill the level, take `used` from this lease (beyond its slice: from the level),
+        give back its unused slice beyond `keep`, then, when `need` > 0, take `need` (up to
+        `want`) from the level if it holds `need`. The lease lives until `now + ttl`."""
+
+    async def slots(
+        self,
+        slots: Slots,
+        lease: str,
+        now: float,
+        *,
+        must: int,
+        keep: int,
+        need: int,
+        want: int,
+        ttl: int | float,
+    ) -> Grant:
+        """Hold `must` slots (requests in flight: not checked), `keep` more (checked only when
+        the lease had lapsed), and `need` (up to `want`) more if the limit leaves room."""
+
+    async def budget(
+        self,
+        bucket: BudgetBucket,
+        lease: str,
+        now: float,
+        *,
+        had: bool,
+        must: int,
+        keep: int,
+        need: int,
+        want: int,
+        ttl: float,
+        entry: str,
+        settled: int,
+        hold_s: float,
+    ) -> Grant:
+        """Record `settled` nanos of spend as the unacknowledged entry `entry` (held `hold_s`),
+        then set this lease's open reservation to `must` (reservations in flight: not checked)
+        + `keep` (checked only when the lease had lapsed) + `need` (up to `want`; a blocking
+        budget gives it only if `level + need <= limit`). A newer ledger figure in `bucket`
+        becomes the base, as in `Counters.reserve`."""
+
+    async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
+        """Entries of bucket `key` whose spend the ledger acknowledged at `now`."""
+
+    async def close(self) -> None: ...
+
+
+_LUA_LEASES = f"""
+local SHARE = {SHARE}
+-- Parse a lease field "<amount> <deadline>".
+local function lease_of(value)
+  local amount, deadline = string.match(value, '^(%S+) (%S+)$')
+  return tonumber(amount), tonumber(deadline)
+end
+
+-- The extra beyond `need` a sync may give: up to want - need, at most a share of what is left
+-- beyond need, divided among the holders.
+local function extra_of(room, need, want, holders)
+  local extra = math.floor((room - need) / (SHARE * (holders + 1)))
+  if extra > want - need then extra = want - need end
+  if extra < 0 then extra = 0 end
+  return extra
+end
+"""
+
+_TOKENS = (
+    _LUA_COMMON
+    + _LUA_LEASES
+    + """
+-- KEYS[1]: the bucket's hash. ARGV: now, lease id, capacity, per_second, used, keep, need,
+-- want, ttl. Reply: granted, the lease's unused slice, the level, lapsed (1/0).
+local now_s, me = ARGV[1], 'l:' .. ARGV[2]
+local now, capacity, rate = tonumber(now_s), tonumber(ARGV[3]), tonumber(ARGV[4])
+local used, keep, need = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local want, ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
+local h = redis.call('HGETALL', KEYS[1])
+local level, ts, mine, others, holders, back, lapsed = nil, nil, nil, 0, 0, 0, 0
+local gone = {}
+for i = 1, #h, 2 do
+  local field, value = h[i], h[i + 1]
+  if field == 'level' then level = tonumber(value)
+  elseif field == 'ts' then ts = tonumber(value)
+  else
+    local amount, deadline = lease_of(value)
+    if deadline <= now then
+      -- Lapsed: its replica stopped syncing; its unused slice comes back.
+      back = back + amount
+      gone[#gone + 1] = field
+      if field == me then lapsed = 1 end
+    elseif field == me then mine = amount
+    else
+      others, holders = others + amount, holders + 1
+    end
+  end
+end
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+if level == nil or ts == nil then level, ts = capacity, now end
+level = level + back + math.max(0, now - ts) * rate
+if ts < now then ts = now end
+mine = (mine or 0) - used
+-- Spent beyond the slice (a token count corrected upwards, or a lapsed lease): from the level.
+if mine < 0 then level, mine = level + mine, 0 end
+if keep < mine then level, mine = level + mine - keep, keep end
+-- Never more than the capacity, the leases' unused slices counted in.
+local room = capacity - others - mine
+if level > room then level = room end
+local granted = 0
+if need > 0 then
+  if level >= need then
+    granted = need + extra_of(level, need, want, holders)
+    level, mine = level - granted, mine + granted
+  else
+    granted = -1
+  end
+end
+if mine > 0 then
+  redis.call('HSET', KEYS[1], me, num(mine) .. ' ' .. num(now + ttl), 'level', num(level),
+             'ts', num(ts))
+else
+  redis.call('HDEL', KEYS[1], me)
+  if holders == 0 and level >= capacity then
+    -- Full, and no lease: the same as a bucket never seen.
+    redis.call('DEL', KEYS[1])
+    return {num(granted), '0', num(level), lapsed}
+  end
+  redis.call('HSET', KEYS[1], 'level', num(level), 'ts', num(ts))
+end
+local refill_s = 86400
+if rate > 0 then refill_s = (capacity - level) / rate end
+redis.call('PEXPIRE', KEYS[1], ms(math.max(refill_s, ttl) + MARGIN_S))
+return {num(granted), num(mine), num(level), lapsed}
+"""
+)
+
+_SLOTS = (
+    _LUA_COMMON
+    + _LUA_LEASES
+    + """
+-- KEYS[1]: the slots' hash. ARGV: now, lease id, limit, must, keep, need, want, ttl.
+-- Reply: granted, the lease's slots, the slots all leases hold, lapsed (1/0).
+local now, me, limit = tonumber(ARGV[1]), 'l:' .. ARGV[2], tonumber(ARGV[3])
+local must, keep, need = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local want, ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local h = redis.call('HGETALL', KEYS[1])
+local others, holders, had, lapsed = 0, 0, false, 0
+local gone = {}
+for i = 1, #h, 2 do
+  local field = h[i]
+  local amount, deadline = lease_of(h[i + 1])
+  if deadline <= now then
+    gone[#gone + 1] = field
+    if field == me then lapsed = 1 end
+  elseif field == me then had = true
+  else
+    others, holders = others + amount, holders + 1
+  end
+end
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+local room = limit - others - must
+if not had and keep > room then keep = math.max(0, room) end
+local mine = must + keep
+room = room - keep
+local granted = 0
+if need > 0 then
+  if room >= need then
+    granted = need + extra_of(room, need, want, holders)
+    mine = mine + granted
+  else
+    granted = -1
+  end
+end
+if mine > 0 then
+  redis.call('HSET', KEYS[1], me, int(mine) .. ' ' .. num(now + ttl))
+  redis.call('PEXPIRE', KEYS[1], ms(ttl + MARGIN_S))
+else
+  redis.call('HDEL', KEYS[1], me)
+end
+return {granted, mine, others + mine, lapsed}
+"""
+)
+
+_BUDGET = (
+    _LUA_COMMON
+    + _LUA_BUDGETS
+    + _LUA_LEASES
+    + """
+-- KEYS: hash, deadlines, acknowledged seconds. ARGV: now, lease id, ledger, ledger_as_of,
+-- expires_at, limit, blocking, had, must, keep, need, want, ttl, entry, settled, hold_s.
+-- Reply: granted, the lease's slice, the bucket's level, lapsed (1/0).
+local now_s, me = ARGV[1], 'o:' .. ARGV[2]
+local now = tonumber(now_s)
+local limit, blocking, had = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1'
+local must, keep, need = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local want, ttl, settled = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[15])
+local b = budget_open(KEYS[1], KEYS[2], KEYS[3], now, now_s, ARGV[3], ARGV[4], {me})
+local old = b.mine[me]
+local lapsed = 0
+if old == nil then
+  old = 0
+  if had then lapsed = 1 end
+end
+b.open, b.level = b.open - old, b.level - old
+if settled ~= 0 then
+  local field = 'u:' .. ARGV[14]
+  b.set[field] = ARGV[15]
+  b.unl, b.level = b.unl + settled, b.level + settled
+  redis.call('ZADD', b.dl, num(now + tonumber(ARGV[16])), field)
+  b.added = true
+end
+local room = limit - b.level - must
+if lapsed == 1 and blocking and keep > room then keep = math.max(0, room) end
+local mine = must + keep
+room = room - keep
+local granted = 0
+if need > 0 then
+  if blocking and need > room then
+    granted = -1
+  else
+    granted = need + extra_of(math.max(room, need), need, want, 0)
+  end
+end
+if granted > 0 then mine = mine + granted end
+if mine > 0 then
+  b.set[me] = int(mine)
+  redis.call('ZADD', b.dl, num(now + ttl), me)
+  b.added = true
+elseif old > 0 then
+  redis.call('HDEL', b.hash, me)
+  redis.call('ZREM', b.dl, me)
+end
+b.open, b.level, b.sums = b.open + mine, b.level + mine, true
+budget_close(b, now, ARGV[5])
+return {granted, mine, b.level, lapsed}
+"""
+)
+
+
+class RedisLeaseStore:
+    """`LeaseStore` on Redis: a single server (or one Sentinel names) or a Redis Cluster
+    client alike, every call on one hash slot. Owns `client`: `close` closes it."""
+
+    def __init__(self, client: Any, prefix: str = "vkgate:") -> None:
+        self._client = client
+        self._tokens_prefix = f"{prefix}tl:{{"
+        self._slots_prefix = f"{prefix}sll:{{"
+        self._budget_prefix = f"{prefix}bg:{{"
+        self._tokens = client.register_script(_TOKENS)
+        self._slots = client.register_script(_SLOTS)
+        self._budget = client.register_script(_BUDGET)
+        self._ledgered = client.register_script(_LEDGERED)
+
+    async def tokens(
+        self,
+        bucket: Bucket,
+        lease: str,
+        now: float,
+        *,
+        used: float,
+        keep: float,
+        need: float,
+        want: float,
+        ttl: float,
+    ) -> Grant:
+        reply = await self._tokens(
+            keys=[self._tokens_prefix + bucket.key + "}"],
+            args=[now, lease, bucket.capacity, bucket.per_second, used, keep, need, want, ttl],
+        )
+        return _grant(reply)
+
+    async def slots(
+        self,
+        slots: Slots,
+        lease: str,
+        now: float,
+        *,
+        must: int,
+        keep: int,
+        need: int,
+        want: int,
+        ttl: int | float,
+    ) -> Grant:
+        reply = await self._slots(
+            keys=[self._slots_prefix + slots.key + "}"],
+            args=[now, lease, slots.limit, must, keep, need, want, ttl],
+        )
+        return _grant(reply)
+
+    async def budget(
+        self,
+        bucket: BudgetBucket,
+        lease: str,
+        now: float,
+        *,
+        had: bool,
+        must: int,
+        keep: int,
+        need: int,
+        want: int,
+        ttl: float,
+        entry: str,
+        settled: int,
+        hold_s: float,
+    ) -> Grant:
+        hash_key = self._budget_prefix + bucket.key + "}"
+        reply = await self._budget(
+            keys=[hash_key, hash_key + ":dl", hash_key + ":ak"],
+            args=[
+                now,
+                lease,
+                bucket.ledger_nanos,
+                bucket.ledger_as_of,
+                "" if bucket.expires_at is None else bucket.expires_at,
+                bucket.limit_nanos,
+                1 if bucket.blocking else 0,
+                1 if had else 0,
+                must,
+                keep,
+                need,
+                want,
+                ttl,
+                entry,
+                settled,
+                hold_s,
+            ],
+        )
+        return _grant(reply)
+
+    async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
+        if not entries:
+            return
+        hash_key = self._budget_prefix + key + "}"
+        await self._ledgered(
+            keys=[hash_key, hash_key + ":dl", hash_key + ":ak"], args=[now, len(entries), *entries]
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _grant(reply: list[Any]) -> Grant:
+    return Grant(float(reply[0]), float(reply[1]), float(reply[2]), int(reply[3]) == 1)

@@ -1,0 +1,924 @@
+"""`LeasedCounters`: counters shared by every replica, spent locally from leased slices.
+
+A replica takes a slice of each bucket it uses (rate-limit tokens, concurrency slots, budget
+nanos) from the store and admits requests from it with no network call. It syncs with the store
+only when a slice runs short (and then asks for more), when its limit or budget changed (the
+slice is given back first: revoked), when the ledger brought a newer figure, to report what it
+spent (every `tick`), to renew a slice still in use before its time to live runs out, and to give
+back a slice nobody used for a while. The store sizes each slice to what is left (see
+`proxy.limits.lease_store`): near the limit a slice is one request's worth, and every request
+syncs, so the fleet is as exact as one shared counter there.
+
+What the requests of one replica do to its slices happens on its event loop between two awaits,
+so each admission is atomic locally; a request that had to sync checks everything again after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from proxy.limits.counters import _decide, levels_of
+from proxy.limits.store import (
+    Admission,
+    Bucket,
+    BudgetBucket,
+    Levels,
+    Reservation,
+    Slots,
+)
+from vkgate.clock import Clock, Sleep
+
+if TYPE_CHECKING:
+    from proxy.limits.lease_store import Grant, LeaseStore
+
+log = logging.getLogger("vkgate.proxy.limits")
+
+TICK_S = 0.25
+"""How often spend is reported and slices renewed or given back: a replica that dies leaves at
+most this long of its spending unreported (it comes back into the counts with its spool)."""
+USABLE = 0.75
+"""A slice is spent from for this share of its time to live, then synced first: the store
+lapses it only later, even with the replicas' clocks a little apart."""
+ATTEMPTS = 32
+"""Syncs one admission may wait for before it is refused (others on this replica kept taking
+what each sync brought): far more than a request needs but a bound all the same."""
+SYNCS_AT_ONCE = 64
+"""A tick's syncs in flight at once."""
+
+T = TypeVar("T")
+_TOKENS_STEP, _SLOTS_STEP, _BUDGETS_STEP = 0, 1, 2
+
+
+@dataclass(slots=True)
+class LeaseStats:
+    """What the metrics read."""
+
+    taken: int = 0
+    """Syncs that took a slice, or more of one."""
+    returned: int = 0
+    """Slices given back unused (idle, or at shutdown)."""
+    expired: int = 0
+    """Slices the store had lapsed before the replica synced them (it did not in time)."""
+    revoked: int = 0
+    """Slices given back because their limit or budget changed."""
+    local: int = 0
+    """Admissions served from slices alone, without a call to the store."""
+    synced: int = 0
+    """Admissions that waited for a sync."""
+
+
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """What every kind of lease keeps: when it was synced, used, and is usable until."""
+
+    name: str
+    synced_at: float = -math.inf
+    deadline: float = -math.inf
+    """Spent from until then; synced first after."""
+    used_at: float = -math.inf
+    taken: float = 0.0
+    """Units taken since the last sync: how fast it is spent, for the next slice's size."""
+    sync: asyncio.Future[Grant] | None = None
+    lapse_at: float = math.inf
+    """The earliest deadline of what it holds (a request that never ended)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Tokens(_Lease):
+    bucket: Bucket | None = None
+    amount: float = 0.0
+    """The unused slice as of the last sync."""
+    spent: float = 0.0
+    """Spent since the last sync (a correction may be negative)."""
+    level: float = math.nan
+    """The bucket's level outside every lease at the last sync (nan: never synced)."""
+
+    def free(self) -> float:
+        """What may be taken locally: tokens given back (a count corrected downwards) are
+        spendable only once the store has them, within the capacity."""
+        spent = self.spent
+        return self.amount - spent if spent > 0 else self.amount
+
+
+@dataclass(slots=True, eq=False)
+class _Slots(_Lease):
+    slots: Slots | None = None
+    amount: int = 0
+    held: dict[str, float] = field(default_factory=dict)
+    """Request id → when its slot lapses (its replica's request never ended)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """Settled spend reported to the store as one entry; acknowledged once the ledger has
+    every request in it."""
+
+    name: str
+    count: int = 0
+    reported: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Budget(_Lease):
+    bucket: BudgetBucket | None = None
+    amount: int = 0
+    """The slice as of the last sync, reservations in flight included."""
+    reserved: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Request id → (amount, deadline) of its reservation."""
+    reserved_sum: int = 0
+    unreported: int = 0
+    """Settled since the last sync, in `entry`."""
+    entry: _Entry | None = None
+    entries: int = 0
+    level: int = 0
+    """The bucket's level at the last sync, this whole slice included."""
+    hold_until: float = -math.inf
+    """When the unreported spend stops counting (its `hold_s` from when it was settled)."""
+
+    def free(self) -> int:
+        return self.amount - self.reserved_sum - self.unreported
+
+
+class LeasedCounters:
+    """`Counters` whose state is the store's, spent through leases. `start` runs the tick in
+    the background (tests call `tick` themselves, at the times they choose)."""
+
+    def __init__(
+        self,
+        store: LeaseStore,
+        clock: Clock,
+        *,
+        ttl_s: float = 2.0,
+        replica: str = "",
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._ttl = ttl_s
+        self._idle_s = ttl_s / 2
+        self._sleep = sleep
+        self._id = replica or _random_id()
+        self._tokens: dict[str, _Tokens] = {}
+        self._slots: dict[str, _Slots] = {}
+        self._budgets: dict[str, _Budget] = {}
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        """(bucket key, request id) → the entry its settled cost was reported in."""
+        self._leases = 0
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self.stats = LeaseStats()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="limit-leases")
+
+    # The Counters protocol
+
+    async def admit(
+        self,
+        request_id: str,
+        buckets: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Admission:
+        if len(amounts) != len(budgets):
+            raise ValueError("one amount per budget bucket")
+        refusing: list[bool] | None = None
+        step = _TOKENS_STEP
+        synced = False
+        self.stats.local += 1  # until it has to sync
+        for _ in range(ATTEMPTS):
+            # Everything is checked, then taken, with no await in between.
+            step = _TOKENS_STEP
+            short_tokens = self._short_tokens(buckets, now) if buckets else None
+            if short_tokens:
+                synced = synced or self._count_synced()
+                refused = await self._top_up_tokens(short_tokens, buckets, now)
+                if refused is not None:
+                    return Admission(self._levels(buckets, now, refused))
+                continue
+            step = _SLOTS_STEP
+            short_slots = self._short_slots(slots, request_id, now) if slots else None
+            if short_slots:
+                synced = synced or self._count_synced()
+                refused = await self._top_up_slots(short_slots, slots, request_id, now)
+                if refused is not None:
+                    return Admission(self._levels(buckets, now, None) if buckets else None, refused)
+                continue
+            step = _BUDGETS_STEP
+            survivors: frozenset[int] = frozenset()
+            if budgets:
+                if refusing is None:
+                    refusing = [False] * len(budgets)
+                repeat = self._repeat(request_id, budgets, now)
+                if repeat is not None:
+                    admission = self._commit(
+                        request_id, buckets, slots, (), (), lease_s, now, repeat
+                    )
+                    admission.reservation = Reservation(True, repeat, self._budget_levels(budgets))
+                    return admission
+                short = self._short_budgets(budgets, amounts, refusing, now)
+                if short:
+                    synced = synced or self._count_synced()
+                    await self._top_up_budgets(short, budgets, amounts, refusing, now)
+                    continue
+                refused_at, survivors = _decide(budgets, refusing)
+                if refused_at is not None:
+                    reservation = Reservation(
+                        False, frozenset(), self._budget_levels(budgets), refused_at
+                    )
+                    return Admission(
+                        self._levels(buckets, now, None) if buckets else None, None, reservation
+                    )
+            return self._commit(
+                request_id, buckets, slots, budgets, amounts, lease_s, now, survivors
+            )
+        return self._exhausted(step, buckets, budgets, now)
+
+    async def finish(
+        self,
+        request_id: str,
+        adjust: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        for b in adjust:
+            lease = self._tokens.get(b.key)
+            if lease is None:
+                lease = self._tokens[b.key] = _Tokens(self._name(), bucket=b)
+            lease.spent += b.cost
+        for s in slots:
+            held = self._slots.get(s.key)
+            if held is not None:
+                held.held.pop(request_id, None)
+        if budgets or costs:
+            self._settle(request_id, budgets, costs, hold_s, now)
+
+    async def take(self, buckets: Sequence[Bucket], now: float) -> Levels:
+        admission = await self.admit("", buckets, (), (), (), 0.0, now)
+        assert admission.levels is not None
+        return admission.levels
+
+    async def adjust(self, buckets: Sequence[Bucket], now: float) -> None:
+        await self.finish("", buckets, (), (), (), 0.0, now)
+
+    async def acquire(self, slots: Slots, request_id: str, now: float) -> bool:
+        return (await self.admit(request_id, (), (slots,), (), (), 0.0, now)).admitted
+
+    async def release(self, slots: Slots, request_id: str) -> None:
+        await self.finish(request_id, (), (slots,), (), (), 0.0, 0.0)
+
+    async def reserve(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+    ) -> Reservation:
+        admission = await self.admit(request_id, (), (), buckets, amounts, lease_s, now)
+        assert admission.reservation is not None
+        return admission.reservation
+
+    async def settle(
+        self,
+        request_id: str,
+        buckets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        await self.finish(request_id, (), (), buckets, costs, hold_s, now)
+
+    async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
+        done: dict[str, list[str]] = {}
+        unreported: dict[str, _Budget] = {}
+        for key, request_id in entries:
+            lease = self._budgets.get(key)
+            if lease is not None and now >= lease.lapse_at:
+                _lapse_reservations(lease, now)
+            entry = self._entries.pop((key, request_id), None)
+            if entry is None:
+                continue
+            entry.count -= 1
+            if entry.count == 0:
+                done.setdefault(key, []).append(entry.name)
+                if not entry.reported and lease is not None:
+                    unreported[key] = lease
+        # The ledger was faster than the tick: reported first, so there is an entry to move.
+        for lease in unreported.values():
+            await self._budget_sync(lease, now, keep=None, need=0)
+        for key, names in done.items():
+            await self._store.ledgered(key, names, now)
+
+    async def close(self) -> None:
+        """Give back every slice (what requests still hold stays held until it lapses)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            now = self._clock.time()
+            await self._each(self._give_back(now, force=True))
+        except Exception as exc:
+            log.warning("could not give back limit leases at shutdown: %s", type(exc).__name__)
+        finally:
+            await self._store.close()
+
+    # The tick
+
+    async def tick(self, now: float) -> None:
+        """Report spend, renew slices in use, give back idle ones, forget what is empty."""
+        await self._each(self._give_back(now, force=False))
+
+    async def _run(self) -> None:
+        while True:
+            await self._sleep(TICK_S)
+            try:
+                await self.tick(self._clock.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self._failing:
+                    log.warning(
+                        "limit leases could not be synced: %s: %s; retried every %g s",
+                        type(exc).__name__,
+                        exc,
+                        TICK_S,
+                    )
+                self._failing = True
+            else:
+                self._failing = False
+
+    def _give_back(self, now: float, *, force: bool) -> list[Awaitable[Grant]]:
+        """The syncs a tick (or, with `force`, the shutdown) makes, each started (its lease
+        marked as syncing) before anything else runs."""
+        calls: list[Awaitable[Grant]] = []
+        idle_before = now - self._idle_s
+        renew_after = self._ttl / 2
+        for key, tokens in list(self._tokens.items()):
+            if tokens.sync is not None:
+                continue
+            idle = force or tokens.used_at < idle_before
+            if idle and tokens.amount == 0 and tokens.spent == 0:
+                del self._tokens[key]
+            elif idle:
+                calls.append(self._tokens_sync(tokens, now, 0.0, 0.0, returned=True))
+            elif tokens.spent or now - tokens.synced_at >= renew_after:
+                calls.append(self._tokens_sync(tokens, now, None, 0.0))
+        for key, slots in list(self._slots.items()):
+            if slots.sync is not None:
+                continue
+            if now >= slots.lapse_at:
+                _lapse_slots(slots, now)
+            idle = force or slots.used_at < idle_before
+            if idle and slots.amount == 0 and not slots.held:
+                del self._slots[key]
+            elif idle and slots.amount > len(slots.held):
+                calls.append(self._slots_sync(slots, now, 0, 0, returned=True))
+            elif now - slots.synced_at >= renew_after and (slots.amount or slots.held):
+                calls.append(self._slots_sync(slots, now, None, 0))
+        for key, budget in list(self._budgets.items()):
+            if budget.sync is not None:
+                continue
+            if now >= budget.lapse_at:
+                _lapse_reservations(budget, now)
+            idle = force or budget.used_at < idle_before
+            if idle and budget.amount == 0 and not budget.reserved and not budget.unreported:
+                del self._budgets[key]
+            elif idle and budget.free() > 0:
+                calls.append(self._budget_sync(budget, now, 0, 0, returned=True))
+            elif budget.unreported or (
+                now - budget.synced_at >= renew_after and (budget.amount or budget.reserved)
+            ):
+                calls.append(self._budget_sync(budget, now, None, 0))
+        return calls
+
+    async def _each(self, calls: list[Awaitable[Grant]]) -> None:
+        failure: BaseException | None = None
+        for start in range(0, len(calls), SYNCS_AT_ONCE):
+            results = await asyncio.gather(
+                *calls[start : start + SYNCS_AT_ONCE], return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException) and failure is None:
+                    failure = result
+        if failure is not None:
+            raise failure
+
+    # Token buckets
+
+    def _short_tokens(
+        self, buckets: Sequence[Bucket], now: float
+    ) -> list[tuple[_Tokens, Bucket]] | None:
+        short = None
+        for b in buckets:
+            lease = self._tokens.get(b.key)
+            if (
+                lease is None
+                or lease.sync is not None
+                or now >= lease.deadline
+                or lease.free() < b.cost
+                or lease.bucket is None
+                or lease.bucket.capacity != b.capacity
+                or lease.bucket.per_second != b.per_second
+            ):
+                if short is None:
+                    short = []
+                if lease is None:
+                    lease = self._tokens[b.key] = _Tokens(self._name(), bucket=b)
+                short.append((lease, b))
+        return short
+
+    async def _top_up_tokens(
+        self, short: list[tuple[_Tokens, Bucket]], buckets: Sequence[Bucket], now: float
+    ) -> int | None:
+        """Sync each short lease; the index (among `buckets`) of a refusal, if any."""
+        for lease, b in short:
+            if lease.sync is not None:
+                await asyncio.shield(lease.sync)
+                continue
+            keep: float | None = None
+            if lease.bucket is not None and (
+                lease.bucket.capacity != b.capacity or lease.bucket.per_second != b.per_second
+            ):
+                # The limit changed: what was taken under the old one goes back first.
+                keep = 0.0
+                if lease.amount - lease.spent > 0:
+                    self.stats.revoked += 1
+            lease.bucket = b
+            free = max(0.0, lease.free()) if keep is None else 0.0
+            need = b.cost - free if b.cost > free else 0.0
+            grant = await self._tokens_sync(lease, now, keep, need if need > 0 else 0.0)
+            if grant.granted < 0:
+                return _index_of(buckets, b)
+        return None
+
+    def _tokens_sync(
+        self,
+        lease: _Tokens,
+        now: float,
+        keep: float | None,
+        need: float,
+        *,
+        returned: bool = False,
+    ) -> Awaitable[Grant]:
+        """Start a sync of `lease`: what it reports is read now, and the lease is marked as
+        syncing now (requests wait for it rather than sync it twice)."""
+        bucket = lease.bucket
+        assert bucket is not None
+        spent = lease.spent
+        free = lease.free()
+        keeping = max(0.0, free) if keep is None else keep
+        want = need + self._more(lease, now) if need > 0 else 0.0
+        call = self._store.tokens(
+            bucket, lease.name, now, used=spent, keep=keeping, need=need, want=want, ttl=self._ttl
+        )
+
+        def done(grant: Grant) -> None:
+            lease.spent -= spent
+            lease.amount = grant.amount
+            lease.level = grant.level
+            self._synced(lease, grant, now, need, returned and free > keeping)
+
+        return self._syncing(lease, call, done, None)
+
+    def _remaining(self, lease: _Tokens | None, b: Bucket, now: float) -> float:
+        """The bucket's level as this replica sees it: the level outside every lease at the
+        last sync, refilled since, plus this replica's unused slice."""
+        if lease is None or math.isnan(lease.level):
+            return b.capacity if lease is None else min(b.capacity, b.capacity - lease.spent)
+        free = lease.free()
+        outside = lease.level + max(0.0, now - lease.synced_at) * b.per_second
+        outside = min(outside, b.capacity - lease.amount)
+        return min(b.capacity, outside + free)
+
+    def _levels(self, buckets: Sequence[Bucket], now: float, refused: int | None) -> Levels:
+        found = [self._remaining(self._tokens.get(b.key), b, now) for b in buckets]
+        if refused is not None:
+            return levels_of(buckets, found, refused)
+        return levels_of(buckets, found, None)
+
+    # Concurrency slots
+
+    def _short_slots(
+        self, slots: Sequence[Slots], request_id: str, now: float
+    ) -> list[tuple[_Slots, Slots]] | None:
+        short = None
+        for s in slots:
+            lease = self._slots.get(s.key)
+            if lease is not None and now >= lease.lapse_at:
+                _lapse_slots(lease, now)
+            if (
+                lease is None
+                or lease.sync is not None
+                or now >= lease.deadline
+                or lease.slots != s
+                or (request_id not in lease.held and len(lease.held) >= lease.amount)
+            ):
+                if short is None:
+                    short = []
+                if lease is None:
+                    lease = self._slots[s.key] = _Slots(self._name(), slots=s)
+                short.append((lease, s))
+        return short
+
+    async def _top_up_slots(
+        self,
+        short: list[tuple[_Slots, Slots]],
+        slots: Sequence[Slots],
+        request_id: str,
+        now: float,
+    ) -> int | None:
+        for lease, s in short:
+            if lease.sync is not None:
+                await asyncio.shield(lease.sync)
+                continue
+            keep: int | None = None
+            if lease.slots is not None and lease.slots.limit != s.limit:
+                keep = 0
+                if lease.amount > len(lease.held):
+                    self.stats.revoked += 1
+            lease.slots = s
+            free = lease.amount - len(lease.held) if keep is None else 0
+            need = 0 if request_id in lease.held or free >= 1 else 1
+            grant = await self._slots_sync(lease, now, keep, need)
+            if grant.granted < 0:
+                return next(i for i, x in enumerate(slots) if x.key == s.key)
+        return None
+
+    def _slots_sync(
+        self, lease: _Slots, now: float, keep: int | None, need: int, *, returned: bool = False
+    ) -> Awaitable[Grant]:
+        slots = lease.slots
+        assert slots is not None
+        held = len(lease.held)
+        free = max(0, lease.amount - held)
+        keeping = free if keep is None else keep
+        want = need + int(self._more(lease, now)) if need > 0 else 0
+        call = self._store.slots(
+            slots, lease.name, now, must=held, keep=keeping, need=need, want=want, ttl=self._ttl
+        )
+
+        def done(grant: Grant) -> None:
+            lease.amount = int(grant.amount)
+            self._synced(lease, grant, now, need, returned and free > keeping)
+
+        return self._syncing(lease, call, done, None)
+
+    # Budgets
+
+    def _repeat(
+        self, request_id: str, budgets: Sequence[BudgetBucket], now: float
+    ) -> frozenset[int] | None:
+        """The groups a request reserved in before (a repeat: nothing is reserved again)."""
+        held = None
+        for b in budgets:
+            lease = self._lease_of(b, now)
+            if (lease is not None and request_id in lease.reserved) or (
+                b.key,
+                request_id,
+            ) in self._entries:
+                if held is None:
+                    held = set()
+                if b.group > 0:
+                    held.add(b.group)
+        return None if held is None else frozenset(held)
+
+    def _lease_of(self, b: BudgetBucket, now: float) -> _Budget | None:
+        """The bucket's lease, lapsed of what lapsed; a lease of a window that ended is
+        forgotten (the store forgets the window too)."""
+        lease = self._budgets.get(b.key)
+        if lease is None:
+            return None
+        expires_at = b.expires_at
+        if expires_at is not None and now >= expires_at:
+            del self._budgets[b.key]
+            return None
+        if now >= lease.lapse_at:
+            _lapse_reservations(lease, now)
+        return lease
+
+    def _short_budgets(
+        self,
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        refusing: list[bool],
+        now: float,
+    ) -> list[int] | None:
+        short = None
+        for i, b in enumerate(budgets):
+            if refusing[i]:
+                continue
+            lease = self._lease_of(b, now)
+            if (
+                lease is None
+                or lease.sync is not None
+                or now >= lease.deadline
+                or lease.free() < amounts[i]
+                or lease.bucket is None
+                or lease.bucket.limit_nanos != b.limit_nanos
+                or lease.bucket.blocking != b.blocking
+                or lease.bucket.ledger_as_of < b.ledger_as_of
+            ):
+                if short is None:
+                    short = []
+                if lease is None:
+                    self._budgets[b.key] = _Budget(self._name(), bucket=b)
+                short.append(i)
+        return short
+
+    async def _top_up_budgets(
+        self,
+        short: list[int],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        refusing: list[bool],
+        now: float,
+    ) -> None:
+        for i in short:
+            b = budgets[i]
+            lease = self._budgets[b.key]
+            if lease.sync is not None:
+                await asyncio.shield(lease.sync)
+                continue
+            keep: int | None = None
+            old = lease.bucket
+            if old is not None and (old.limit_nanos != b.limit_nanos or old.blocking != b.blocking):
+                keep = 0
+                if lease.free() > 0:
+                    self.stats.revoked += 1
+            if old is None or old.ledger_as_of <= b.ledger_as_of:
+                lease.bucket = b
+            free = max(0, lease.free()) if keep is None else 0
+            need = amounts[i] - free if amounts[i] > free else 0
+            grant = await self._budget_sync(lease, now, keep, need)
+            if grant.granted < 0:
+                refusing[i] = True
+
+    def _budget_sync(
+        self, lease: _Budget, now: float, keep: int | None, need: int, *, returned: bool = False
+    ) -> Awaitable[Grant]:
+        bucket = lease.bucket
+        assert bucket is not None
+        reserved, settled, entry = lease.reserved_sum, lease.unreported, lease.entry
+        free = lease.amount - reserved - settled
+        keeping = max(0, free) if keep is None else keep
+        want = need + int(self._more(lease, now)) if need > 0 else 0
+        hold_s = lease.hold_until - now
+        call = self._store.budget(
+            bucket,
+            lease.name,
+            now,
+            had=lease.synced_at > -math.inf,
+            must=reserved,
+            keep=keeping,
+            need=need,
+            want=want,
+            ttl=self._ttl,
+            entry=entry.name if entry is not None else "",
+            # Past its hold it would have lapsed by now: nothing to count.
+            settled=settled if hold_s > 0 else 0,
+            hold_s=hold_s,
+        )
+        # Settled from now on goes into the next entry.
+        lease.unreported, lease.entry = 0, None
+
+        def done(grant: Grant) -> None:
+            if entry is not None:
+                entry.reported = True
+            lease.amount = int(grant.amount)
+            lease.level = int(grant.level)
+            self._synced(lease, grant, now, need, returned and free > keeping)
+
+        def undo() -> None:
+            # Not reported: counted again at the next sync, in the entry of then.
+            lease.unreported += settled
+            if entry is not None:
+                if lease.entry is None:
+                    lease.entry = entry
+                else:
+                    _merge(self._entries, lease.entry, entry)
+
+        return self._syncing(lease, call, done, undo)
+
+    def _budget_levels(self, budgets: Sequence[BudgetBucket]) -> tuple[int, ...]:
+        levels = []
+        for b in budgets:
+            lease = self._budgets.get(b.key)
+            levels.append(b.ledger_nanos if lease is None else lease.level - lease.free())
+        return tuple(levels)
+
+    def _settle(
+        self,
+        request_id: str,
+        budgets: Sequence[BudgetBucket],
+        costs: Sequence[int],
+        hold_s: float,
+        now: float,
+    ) -> None:
+        if len(costs) != len(budgets):
+            raise ValueError("one cost per budget bucket")
+        entries = self._entries
+        for i, b in enumerate(budgets):
+            key = (b.key, request_id)
+            if key in entries:
+                continue  # settled before, not yet acknowledged
+            lease = self._budgets.get(b.key)
+            if lease is None:
+                lease = self._budgets[b.key] = _Budget(self._name(), bucket=b)
+            reserved = lease.reserved.pop(request_id, None)
+            if reserved is not None:
+                lease.reserved_sum -= reserved[0]
+            cost = costs[i]
+            if cost:
+                entry = lease.entry
+                if entry is None:
+                    lease.entries += 1
+                    entry = lease.entry = _Entry(f"{lease.name}.{lease.entries}")
+                entry.count += 1
+                entries[key] = entry
+                lease.unreported += cost
+                if now + hold_s > lease.hold_until:
+                    lease.hold_until = now + hold_s
+                lease.used_at = now
+
+    # Shared
+
+    def _commit(
+        self,
+        request_id: str,
+        buckets: Sequence[Bucket],
+        slots: Sequence[Slots],
+        budgets: Sequence[BudgetBucket],
+        amounts: Sequence[int],
+        lease_s: float,
+        now: float,
+        groups: frozenset[int],
+    ) -> Admission:
+        levels = None
+        if buckets:
+            tokens = self._tokens
+            for b in buckets:
+                lease = tokens[b.key]
+                lease.spent += b.cost
+                lease.taken += b.cost
+                lease.used_at = now
+            levels = self._levels(buckets, now, None)
+        for s in slots:
+            held = self._slots[s.key]
+            if request_id not in held.held:
+                deadline = now + s.lease_s
+                held.held[request_id] = deadline
+                held.taken += 1
+                held.used_at = now
+                if deadline < held.lapse_at:
+                    held.lapse_at = deadline
+        reservation = None
+        if budgets:
+            deadline = now + lease_s
+            for i, budget in enumerate(budgets):
+                group = budget.group
+                if group == 0 or group in groups:
+                    reserved = self._budgets[budget.key]
+                    amount = amounts[i]
+                    reserved.reserved[request_id] = (amount, deadline)
+                    reserved.reserved_sum += amount
+                    reserved.taken += amount
+                    reserved.used_at = now
+                    if deadline < reserved.lapse_at:
+                        reserved.lapse_at = deadline
+            reservation = Reservation(True, groups, self._budget_levels(budgets))
+        return Admission(levels, None, reservation)
+
+    def _exhausted(
+        self,
+        step: int,
+        buckets: Sequence[Bucket],
+        budgets: Sequence[BudgetBucket],
+        now: float,
+    ) -> Admission:
+        """Refused at `step` (the one still short after every attempt), for contention: other
+        requests of this replica took each slice as it came. Asked again in a second."""
+        levels = self._levels(buckets, now, None) if buckets else None
+        if step == _TOKENS_STEP:
+            assert levels is not None
+            return Admission(Levels(False, levels.remaining, levels.reset_s, 1.0, 0))
+        if step == _SLOTS_STEP:
+            return Admission(levels, 0)
+        refused = Reservation(False, frozenset(), self._budget_levels(budgets), 0)
+        return Admission(levels, None, refused)
+
+    def _syncing(
+        self,
+        lease: _Lease,
+        call: Awaitable[Grant],
+        done: Callable[[Grant], None],
+        undo: Callable[[], None] | None,
+    ) -> Awaitable[Grant]:
+        future = lease.sync = asyncio.get_running_loop().create_future()
+        return self._synced_when(lease, future, call, done, undo)
+
+    @staticmethod
+    async def _synced_when(
+        lease: _Lease,
+        future: asyncio.Future[Grant],
+        call: Awaitable[Grant],
+        done: Callable[[Grant], None],
+        undo: Callable[[], None] | None,
+    ) -> Grant:
+        try:
+            grant = await call
+        except BaseException as exc:
+            if undo is not None:
+                undo()
+            _fail(future, exc)
+            raise
+        finally:
+            lease.sync = None
+        done(grant)
+        future.set_result(grant)
+        return grant
+
+    def _count_synced(self) -> bool:
+        """An admission counted as served locally had to sync after all."""
+        self.stats.local -= 1
+        self.stats.synced += 1
+        return True
+
+    def _more(self, lease: _Lease, now: float) -> float:
+        """How much more than it needs a lease asks for: what it took since its last sync,
+        at that pace, for the part of a time to live it is spent from."""
+        elapsed = max(now - lease.synced_at, TICK_S / 4)
+        return math.ceil(lease.taken / elapsed * self._ttl * USABLE)
+
+    def _synced(self, lease: _Lease, grant: Grant, now: float, need: float, returned: bool) -> None:
+        stats = self.stats
+        if grant.granted > 0:
+            stats.taken += 1
+        if grant.lapsed:
+            stats.expired += 1
+        if returned:
+            stats.returned += 1
+        lease.synced_at = now
+        lease.deadline = now + self._ttl * USABLE
+        lease.taken = 0.0
+        if need > 0:
+            lease.used_at = now
+
+    def _name(self) -> str:
+        self._leases += 1
+        return f"{self._id}.{self._leases}"
+
+
+def _fail(future: asyncio.Future[Grant], exc: BaseException) -> None:
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
+        # Waiters see it; nobody else needs to.
+        future.exception()
+
+
+def _merge(entries: dict[tuple[str, str], _Entry], into: _Entry, other: _Entry) -> None:
+    """Requests of `other` now count in `into` (an entry that could not be reported)."""
+    for key, entry in entries.items():
+        if entry is other:
+            entries[key] = into
+    into.count += other.count
+
+
+def _lapse_slots(lease: _Slots, now: float) -> None:
+    held = lease.held
+    for request_id in [r for r, deadline in held.items() if deadline <= now]:
+        del held[request_id]
+    lease.lapse_at = min(held.values(), default=math.inf)
+
+
+def _lapse_reservations(lease: _Budget, now: float) -> None:
+    reserved = lease.reserved
+    for request_id in [r for r, (_, deadline) in reserved.items() if deadline <= now]:
+        lease.reserved_sum -= reserved.pop(request_id)[0]
+    lease.lapse_at = min((deadline for _, deadline in reserved.values()), default=math.inf)
+
+
+def _index_of(buckets: Sequence[Bucket], bucket: Bucket) -> int:
+    return next(i for i, b in enumerate(buckets) if b.key == bucket.key)
+
+
+def _random_id() -> str:
+    import os
+
+    return os.urandom(6).hex()
