@@ -1,20 +1,23 @@
-"""The `Counters` contract, run against `LocalCounters` and `RedisCounters` (a real Redis)."""
+"""The `Counters` contract, run against `LocalCounters`, `RedisCounters` (a real Redis) and
+`LeasedCounters` (on a real Redis, and on a Redis Cluster of three masters)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from proxy.limits.counters import LocalCounters
 from proxy.limits.lease_store import RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
 from proxy.limits.redis_counters import RedisCounters
 from proxy.limits.store import ACKED_KEEP_S, LEDGER_SKEW_S, Bucket, BudgetBucket, Counters, Slots
+from tests.support.redis_servers import redis_cluster
 from vkgate.clock import SystemClock
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -43,12 +46,30 @@ async def delete_prefixed(prefix: str) -> None:
         await client.aclose()
 
 
-@pytest.fixture(params=["local", "redis", "leased"])
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis Cluster of three masters of this module's own."""
+    with redis_cluster(tmp_path_factory.mktemp("counters-cluster")) as cluster:
+        yield cluster.url
+
+
+@pytest.fixture(params=["local", "redis", "leased", "leased-cluster"])
 async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
     if request.param == "local":
         local = LocalCounters()
         yield local
         await local.close()
+        return
+    if request.param == "leased-cluster":
+        # Every call must stay on one bucket's hash slot: the cluster refuses any other.
+        url = request.getfixturevalue("cluster_url")
+        on_cluster = LeasedCounters(
+            RedisLeaseStore(RedisCluster.from_url(url), unique_prefix()),
+            SystemClock(),
+            ttl_s=LEASED_TTL_S,
+        )
+        yield on_cluster
+        await on_cluster.close()
         return
     prefix = unique_prefix()
     shared: Counters
