@@ -85,6 +85,11 @@ class _Lease:
     taken: float = 0.0
     """Units taken since the last sync: how fast it is spent, for the next slice's size."""
     sync: asyncio.Future[Grant] | None = None
+    """The sync in flight, if any: one at a time per lease."""
+    closing: bool = False
+    """The sync in flight gives back some of the slice: nothing is taken from it meanwhile.
+    (While any other sync is in flight requests go on taking from the slice: the sync kept
+    all of it, and what it brings is added when it comes.)"""
     lapse_at: float = math.inf
     """The earliest deadline of what it holds (a request that never ended)."""
 
@@ -428,7 +433,7 @@ class LeasedCounters:
             lease = self._tokens.get(b.key)
             if (
                 lease is None
-                or lease.sync is not None
+                or lease.closing
                 or now >= lease.deadline
                 or lease.free() < b.cost
                 or lease.bucket is None
@@ -493,7 +498,7 @@ class LeasedCounters:
             lease.level = grant.level
             self._synced(lease, grant, now, need, returned and free > keeping)
 
-        return self._syncing(lease, call, done, None)
+        return self._syncing(lease, call, done, None, keeping < free)
 
     def _remaining(self, lease: _Tokens | None, b: Bucket, now: float) -> float:
         """The bucket's level as this replica sees it: the level outside every lease at the
@@ -523,7 +528,7 @@ class LeasedCounters:
                 _lapse_slots(lease, now)
             if (
                 lease is None
-                or lease.sync is not None
+                or lease.closing
                 or now >= lease.deadline
                 or lease.slots != s
                 or (request_id not in lease.held and len(lease.held) >= lease.amount)
@@ -576,7 +581,7 @@ class LeasedCounters:
             lease.amount = int(grant.amount)
             self._synced(lease, grant, now, need, returned and free > keeping)
 
-        return self._syncing(lease, call, done, None)
+        return self._syncing(lease, call, done, None, keeping < free)
 
     # Budgets
 
@@ -625,7 +630,7 @@ class LeasedCounters:
             lease = self._lease_of(b, now)
             if (
                 lease is None
-                or lease.sync is not None
+                or lease.closing
                 or now >= lease.deadline
                 or lease.free() < amounts[i]
                 or lease.bucket is None
@@ -712,7 +717,7 @@ class LeasedCounters:
                 else:
                     _merge(self._entries, lease.entry, entry)
 
-        return self._syncing(lease, call, done, undo)
+        return self._syncing(lease, call, done, undo, keeping < free)
 
     def _budget_levels(self, budgets: Sequence[BudgetBucket]) -> tuple[int, ...]:
         levels = []
@@ -827,8 +832,10 @@ class LeasedCounters:
         call: Awaitable[Grant],
         done: Callable[[Grant], None],
         undo: Callable[[], None] | None,
+        closing: bool,
     ) -> Awaitable[Grant]:
         future = lease.sync = asyncio.get_running_loop().create_future()
+        lease.closing = closing
         return self._synced_when(lease, future, call, done, undo)
 
     @staticmethod
@@ -848,6 +855,7 @@ class LeasedCounters:
             raise
         finally:
             lease.sync = None
+            lease.closing = False
         done(grant)
         future.set_result(grant)
         return grant

@@ -336,7 +336,13 @@ async def test_a_limit_lowered_mid_burst_is_obeyed_within_a_second(
     assert before > lowered, "the burst ran under the first limit"
     assert late and admitted_late <= lowered, fleet.logs()
     assert {r.status_code for r in late} <= {200, 429}
-    assert all(r.headers["x-ratelimit-limit-requests"] == str(lowered) for r in late)
+    stale = [
+        round(at - changed, 2)
+        for at, r in answers
+        if at >= changed and r.headers["x-ratelimit-limit-requests"] != str(lowered)
+    ]
+    print(f"answers under the old limit after the change, seconds after it: {stale}")
+    assert all(r.headers["x-ratelimit-limit-requests"] == str(lowered) for r in late), stale
 
 
 async def test_a_redis_failover_falls_back_to_in_process_counters_and_recovers(
@@ -371,7 +377,11 @@ async def test_a_redis_failover_falls_back_to_in_process_counters_and_recovers(
             return all([await limits_mode(proxy) == "redis" for proxy in fleet.proxies])
 
         await _until_async(shared_again, "limits shared through Redis again")
-    assert leases_of(fleet, tokens_key(key_id, "rpm")), "the proxies lease from Redis again"
+    client = fleet.client()
+    try:
+        assert client.exists(tokens_key(key_id, "rpm")), "the proxies count in Redis again"
+    finally:
+        client.close()
 
 
 def _server_of(fleet: Fleet, bucket: str) -> RedisServer:
