@@ -19,10 +19,19 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
+from proxy.limits._lease_state import (
+    BudgetLease,
+    Entry,
+    LeaseStats,
+    SlotsLease,
+    TokensLease,
+    lapse_reservations,
+    lapse_slots,
+)
+from proxy.limits._lease_syncs import Syncs
 from proxy.limits.counters import _decide, levels_of
 from proxy.limits.store import (
     Admission,
@@ -37,117 +46,20 @@ from vkgate.clock import Clock, Sleep
 if TYPE_CHECKING:
     from proxy.limits.lease_store import Grant, LeaseStore
 
+__all__ = ["LeaseStats", "LeasedCounters"]
+
 log = logging.getLogger("vkgate.proxy.limits")
 
 TICK_S = 0.25
 """How often spend is reported and slices renewed or given back: a replica that dies leaves at
 most this long of its spending unreported (it comes back into the counts with its spool)."""
-USABLE = 0.75
-"""A slice is spent from for this share of its time to live, then synced first: the store
-lapses it only later, even with the replicas' clocks a little apart."""
 ATTEMPTS = 32
 """Syncs one admission may wait for before it is refused (others on this replica kept taking
 what each sync brought): far more than a request needs but a bound all the same."""
 SYNCS_AT_ONCE = 64
 """A tick's syncs in flight at once."""
 
-T = TypeVar("T")
 _TOKENS_STEP, _SLOTS_STEP, _BUDGETS_STEP = 0, 1, 2
-
-
-@dataclass(slots=True)
-class LeaseStats:
-    """What the metrics read."""
-
-    taken: int = 0
-    """Syncs that took a slice, or more of one."""
-    returned: int = 0
-    """Slices given back unused (idle, or at shutdown)."""
-    expired: int = 0
-    """Slices the store had lapsed before the replica synced them (it did not in time)."""
-    revoked: int = 0
-    """Slices given back because their limit or budget changed."""
-    local: int = 0
-    """Admissions served from slices alone, without a call to the store."""
-    synced: int = 0
-    """Admissions that waited for a sync."""
-
-
-@dataclass(slots=True, eq=False)
-class _Lease:
-    """What every kind of lease keeps: when it was synced, used, and is usable until."""
-
-    name: str
-    synced_at: float = -math.inf
-    deadline: float = -math.inf
-    """Spent from until then; synced first after."""
-    used_at: float = -math.inf
-    taken: float = 0.0
-    """Units taken since the last sync: how fast it is spent, for the next slice's size."""
-    sync: asyncio.Future[Grant] | None = None
-    """The sync in flight, if any: one at a time per lease."""
-    closing: bool = False
-    """The sync in flight gives back some of the slice: nothing is taken from it meanwhile.
-    (While any other sync is in flight requests go on taking from the slice: the sync kept
-    all of it, and what it brings is added when it comes.)"""
-    lapse_at: float = math.inf
-    """The earliest deadline of what it holds (a request that never ended)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Tokens(_Lease):
-    bucket: Bucket | None = None
-    amount: float = 0.0
-    """The unused slice as of the last sync."""
-    spent: float = 0.0
-    """Spent since the last sync (a correction may be negative)."""
-    level: float = math.nan
-    """The bucket's level outside every lease at the last sync (nan: never synced)."""
-
-    def free(self) -> float:
-        """What may be taken locally: tokens given back (a count corrected downwards) are
-        spendable only once the store has them, within the capacity."""
-        spent = self.spent
-        return self.amount - spent if spent > 0 else self.amount
-
-
-@dataclass(slots=True, eq=False)
-class _Slots(_Lease):
-    slots: Slots | None = None
-    amount: int = 0
-    held: dict[str, float] = field(default_factory=dict)
-    """Request id → when its slot lapses (its replica's request never ended)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    """Settled spend reported to the store as one entry; acknowledged once the ledger has
-    every request in it."""
-
-    name: str
-    count: int = 0
-    reported: bool = False
-
-
-@dataclass(slots=True, eq=False)
-class _Budget(_Lease):
-    bucket: BudgetBucket | None = None
-    amount: int = 0
-    """The slice as of the last sync, reservations in flight included."""
-    reserved: dict[str, tuple[int, float]] = field(default_factory=dict)
-    """Request id → (amount, deadline) of its reservation."""
-    reserved_sum: int = 0
-    unreported: int = 0
-    """Settled since the last sync, in `entry`."""
-    entry: _Entry | None = None
-    entries: int = 0
-    level: int = 0
-    """The bucket's level at the last sync, this whole slice included."""
-    hold_until: float = -math.inf
-    """When the unreported spend stops counting (its `hold_s` from when it was settled)."""
-
-    def free(self) -> int:
-        return self.amount - self.reserved_sum - self.unreported
 
 
 class LeasedCounters:
@@ -169,15 +81,16 @@ class LeasedCounters:
         self._idle_s = ttl_s / 2
         self._sleep = sleep
         self._id = replica or _random_id()
-        self._tokens: dict[str, _Tokens] = {}
-        self._slots: dict[str, _Slots] = {}
-        self._budgets: dict[str, _Budget] = {}
-        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._tokens: dict[str, TokensLease] = {}
+        self._slots: dict[str, SlotsLease] = {}
+        self._budgets: dict[str, BudgetLease] = {}
+        self._entries: dict[tuple[str, str], Entry] = {}
         """(bucket key, request id) → the entry its settled cost was reported in."""
         self._leases = 0
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self.stats = LeaseStats()
+        self._syncs = Syncs(store, ttl_s, self.stats, self._entries)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="limit-leases")
@@ -261,7 +174,7 @@ class LeasedCounters:
         for b in adjust:
             lease = self._tokens.get(b.key)
             if lease is None:
-                lease = self._tokens[b.key] = _Tokens(self._name(), bucket=b)
+                lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b)
             lease.spent += b.cost
         for s in slots:
             held = self._slots.get(s.key)
@@ -308,11 +221,11 @@ class LeasedCounters:
 
     async def ledgered(self, entries: Sequence[tuple[str, str]], now: float) -> None:
         done: dict[str, list[str]] = {}
-        unreported: dict[str, _Budget] = {}
+        unreported: dict[str, BudgetLease] = {}
         for key, request_id in entries:
             lease = self._budgets.get(key)
             if lease is not None and now >= lease.lapse_at:
-                _lapse_reservations(lease, now)
+                lapse_reservations(lease, now)
             entry = self._entries.pop((key, request_id), None)
             if entry is None:
                 continue
@@ -323,7 +236,7 @@ class LeasedCounters:
                     unreported[key] = lease
         # The ledger was faster than the tick: reported first, so there is an entry to move.
         for lease in unreported.values():
-            await self._budget_sync(lease, now, keep=None, need=0)
+            await self._syncs.budget(lease, now, keep=None, need=0)
         for key, names in done.items():
             await self._store.ledgered(key, names, now)
 
@@ -380,35 +293,35 @@ class LeasedCounters:
             if idle and tokens.amount == 0 and tokens.spent == 0:
                 del self._tokens[key]
             elif idle:
-                calls.append(self._tokens_sync(tokens, now, 0.0, 0.0, returned=True))
+                calls.append(self._syncs.tokens(tokens, now, 0.0, 0.0, returned=True))
             elif tokens.spent or now - tokens.synced_at >= renew_after:
-                calls.append(self._tokens_sync(tokens, now, None, 0.0))
+                calls.append(self._syncs.tokens(tokens, now, None, 0.0))
         for key, slots in list(self._slots.items()):
             if slots.sync is not None:
                 continue
             if now >= slots.lapse_at:
-                _lapse_slots(slots, now)
+                lapse_slots(slots, now)
             idle = force or slots.used_at < idle_before
             if idle and slots.amount == 0 and not slots.held:
                 del self._slots[key]
             elif idle and slots.amount > len(slots.held):
-                calls.append(self._slots_sync(slots, now, 0, 0, returned=True))
+                calls.append(self._syncs.slots(slots, now, 0, 0, returned=True))
             elif now - slots.synced_at >= renew_after and (slots.amount or slots.held):
-                calls.append(self._slots_sync(slots, now, None, 0))
+                calls.append(self._syncs.slots(slots, now, None, 0))
         for key, budget in list(self._budgets.items()):
             if budget.sync is not None:
                 continue
             if now >= budget.lapse_at:
-                _lapse_reservations(budget, now)
+                lapse_reservations(budget, now)
             idle = force or budget.used_at < idle_before
             if idle and budget.amount == 0 and not budget.reserved and not budget.unreported:
                 del self._budgets[key]
             elif idle and budget.free() > 0:
-                calls.append(self._budget_sync(budget, now, 0, 0, returned=True))
+                calls.append(self._syncs.budget(budget, now, 0, 0, returned=True))
             elif budget.unreported or (
                 now - budget.synced_at >= renew_after and (budget.amount or budget.reserved)
             ):
-                calls.append(self._budget_sync(budget, now, None, 0))
+                calls.append(self._syncs.budget(budget, now, None, 0))
         return calls
 
     async def _each(self, calls: list[Awaitable[Grant]]) -> None:
@@ -427,7 +340,7 @@ class LeasedCounters:
 
     def _short_tokens(
         self, buckets: Sequence[Bucket], now: float
-    ) -> list[tuple[_Tokens, Bucket]] | None:
+    ) -> list[tuple[TokensLease, Bucket]] | None:
         short = None
         for b in buckets:
             lease = self._tokens.get(b.key)
@@ -443,12 +356,12 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    lease = self._tokens[b.key] = _Tokens(self._name(), bucket=b)
+                    lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b)
                 short.append((lease, b))
         return short
 
     async def _top_up_tokens(
-        self, short: list[tuple[_Tokens, Bucket]], buckets: Sequence[Bucket], now: float
+        self, short: list[tuple[TokensLease, Bucket]], buckets: Sequence[Bucket], now: float
     ) -> int | None:
         """Sync each short lease; the index (among `buckets`) of a refusal, if any."""
         for lease, b in short:
@@ -466,41 +379,12 @@ class LeasedCounters:
             lease.bucket = b
             free = max(0.0, lease.free()) if keep is None else 0.0
             need = b.cost - free if b.cost > free else 0.0
-            grant = await self._tokens_sync(lease, now, keep, need if need > 0 else 0.0)
+            grant = await self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0)
             if grant.granted < 0:
                 return _index_of(buckets, b)
         return None
 
-    def _tokens_sync(
-        self,
-        lease: _Tokens,
-        now: float,
-        keep: float | None,
-        need: float,
-        *,
-        returned: bool = False,
-    ) -> Awaitable[Grant]:
-        """Start a sync of `lease`: what it reports is read now, and the lease is marked as
-        syncing now (requests wait for it rather than sync it twice)."""
-        bucket = lease.bucket
-        assert bucket is not None
-        spent = lease.spent
-        free = lease.free()
-        keeping = max(0.0, free) if keep is None else keep
-        want = need + self._more(lease, now) if need > 0 else 0.0
-        call = self._store.tokens(
-            bucket, lease.name, now, used=spent, keep=keeping, need=need, want=want, ttl=self._ttl
-        )
-
-        def done(grant: Grant) -> None:
-            lease.spent -= spent
-            lease.amount = grant.amount
-            lease.level = grant.level
-            self._synced(lease, grant, now, need, returned and free > keeping)
-
-        return self._syncing(lease, call, done, None, keeping < free)
-
-    def _remaining(self, lease: _Tokens | None, b: Bucket, now: float) -> float:
+    def _remaining(self, lease: TokensLease | None, b: Bucket, now: float) -> float:
         """The bucket's level as this replica sees it: the level outside every lease at the
         last sync, refilled since, plus this replica's unused slice."""
         if lease is None or math.isnan(lease.level):
@@ -520,12 +404,12 @@ class LeasedCounters:
 
     def _short_slots(
         self, slots: Sequence[Slots], request_id: str, now: float
-    ) -> list[tuple[_Slots, Slots]] | None:
+    ) -> list[tuple[SlotsLease, Slots]] | None:
         short = None
         for s in slots:
             lease = self._slots.get(s.key)
             if lease is not None and now >= lease.lapse_at:
-                _lapse_slots(lease, now)
+                lapse_slots(lease, now)
             if (
                 lease is None
                 or lease.closing
@@ -536,13 +420,13 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    lease = self._slots[s.key] = _Slots(self._name(), slots=s)
+                    lease = self._slots[s.key] = SlotsLease(self._name(), slots=s)
                 short.append((lease, s))
         return short
 
     async def _top_up_slots(
         self,
-        short: list[tuple[_Slots, Slots]],
+        short: list[tuple[SlotsLease, Slots]],
         slots: Sequence[Slots],
         request_id: str,
         now: float,
@@ -559,29 +443,10 @@ class LeasedCounters:
             lease.slots = s
             free = lease.amount - len(lease.held) if keep is None else 0
             need = 0 if request_id in lease.held or free >= 1 else 1
-            grant = await self._slots_sync(lease, now, keep, need)
+            grant = await self._syncs.slots(lease, now, keep, need)
             if grant.granted < 0:
                 return next(i for i, x in enumerate(slots) if x.key == s.key)
         return None
-
-    def _slots_sync(
-        self, lease: _Slots, now: float, keep: int | None, need: int, *, returned: bool = False
-    ) -> Awaitable[Grant]:
-        slots = lease.slots
-        assert slots is not None
-        held = len(lease.held)
-        free = max(0, lease.amount - held)
-        keeping = free if keep is None else keep
-        want = need + int(self._more(lease, now)) if need > 0 else 0
-        call = self._store.slots(
-            slots, lease.name, now, must=held, keep=keeping, need=need, want=want, ttl=self._ttl
-        )
-
-        def done(grant: Grant) -> None:
-            lease.amount = int(grant.amount)
-            self._synced(lease, grant, now, need, returned and free > keeping)
-
-        return self._syncing(lease, call, done, None, keeping < free)
 
     # Budgets
 
@@ -602,7 +467,7 @@ class LeasedCounters:
                     held.add(b.group)
         return None if held is None else frozenset(held)
 
-    def _lease_of(self, b: BudgetBucket, now: float) -> _Budget | None:
+    def _lease_of(self, b: BudgetBucket, now: float) -> BudgetLease | None:
         """The bucket's lease, lapsed of what lapsed; a lease of a window that ended is
         forgotten (the store forgets the window too)."""
         lease = self._budgets.get(b.key)
@@ -613,7 +478,7 @@ class LeasedCounters:
             del self._budgets[b.key]
             return None
         if now >= lease.lapse_at:
-            _lapse_reservations(lease, now)
+            lapse_reservations(lease, now)
         return lease
 
     def _short_budgets(
@@ -641,7 +506,7 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    self._budgets[b.key] = _Budget(self._name(), bucket=b)
+                    self._budgets[b.key] = BudgetLease(self._name(), bucket=b)
                 short.append(i)
         return short
 
@@ -669,55 +534,9 @@ class LeasedCounters:
                 lease.bucket = b
             free = max(0, lease.free()) if keep is None else 0
             need = amounts[i] - free if amounts[i] > free else 0
-            grant = await self._budget_sync(lease, now, keep, need)
+            grant = await self._syncs.budget(lease, now, keep, need)
             if grant.granted < 0:
                 refusing[i] = True
-
-    def _budget_sync(
-        self, lease: _Budget, now: float, keep: int | None, need: int, *, returned: bool = False
-    ) -> Awaitable[Grant]:
-        bucket = lease.bucket
-        assert bucket is not None
-        reserved, settled, entry = lease.reserved_sum, lease.unreported, lease.entry
-        free = lease.amount - reserved - settled
-        keeping = max(0, free) if keep is None else keep
-        want = need + int(self._more(lease, now)) if need > 0 else 0
-        hold_s = lease.hold_until - now
-        call = self._store.budget(
-            bucket,
-            lease.name,
-            now,
-            had=lease.synced_at > -math.inf,
-            must=reserved,
-            keep=keeping,
-            need=need,
-            want=want,
-            ttl=self._ttl,
-            entry=entry.name if entry is not None else "",
-            # Past its hold it would have lapsed by now: nothing to count.
-            settled=settled if hold_s > 0 else 0,
-            hold_s=hold_s,
-        )
-        # Settled from now on goes into the next entry.
-        lease.unreported, lease.entry = 0, None
-
-        def done(grant: Grant) -> None:
-            if entry is not None:
-                entry.reported = True
-            lease.amount = int(grant.amount)
-            lease.level = int(grant.level)
-            self._synced(lease, grant, now, need, returned and free > keeping)
-
-        def undo() -> None:
-            # Not reported: counted again at the next sync, in the entry of then.
-            lease.unreported += settled
-            if entry is not None:
-                if lease.entry is None:
-                    lease.entry = entry
-                else:
-                    _merge(self._entries, lease.entry, entry)
-
-        return self._syncing(lease, call, done, undo, keeping < free)
 
     def _budget_levels(self, budgets: Sequence[BudgetBucket]) -> tuple[int, ...]:
         levels = []
@@ -743,7 +562,7 @@ class LeasedCounters:
                 continue  # settled before, not yet acknowledged
             lease = self._budgets.get(b.key)
             if lease is None:
-                lease = self._budgets[b.key] = _Budget(self._name(), bucket=b)
+                lease = self._budgets[b.key] = BudgetLease(self._name(), bucket=b)
             reserved = lease.reserved.pop(request_id, None)
             if reserved is not None:
                 lease.reserved_sum -= reserved[0]
@@ -752,7 +571,7 @@ class LeasedCounters:
                 entry = lease.entry
                 if entry is None:
                     lease.entries += 1
-                    entry = lease.entry = _Entry(f"{lease.name}.{lease.entries}")
+                    entry = lease.entry = Entry(f"{lease.name}.{lease.entries}")
                 entry.count += 1
                 entries[key] = entry
                 lease.unreported += cost
@@ -826,100 +645,15 @@ class LeasedCounters:
         refused = Reservation(False, frozenset(), self._budget_levels(budgets), 0)
         return Admission(levels, None, refused)
 
-    def _syncing(
-        self,
-        lease: _Lease,
-        call: Awaitable[Grant],
-        done: Callable[[Grant], None],
-        undo: Callable[[], None] | None,
-        closing: bool,
-    ) -> Awaitable[Grant]:
-        future = lease.sync = asyncio.get_running_loop().create_future()
-        lease.closing = closing
-        return self._synced_when(lease, future, call, done, undo)
-
-    @staticmethod
-    async def _synced_when(
-        lease: _Lease,
-        future: asyncio.Future[Grant],
-        call: Awaitable[Grant],
-        done: Callable[[Grant], None],
-        undo: Callable[[], None] | None,
-    ) -> Grant:
-        try:
-            grant = await call
-        except BaseException as exc:
-            if undo is not None:
-                undo()
-            _fail(future, exc)
-            raise
-        finally:
-            lease.sync = None
-            lease.closing = False
-        done(grant)
-        future.set_result(grant)
-        return grant
-
     def _count_synced(self) -> bool:
         """An admission counted as served locally had to sync after all."""
         self.stats.local -= 1
         self.stats.synced += 1
         return True
 
-    def _more(self, lease: _Lease, now: float) -> float:
-        """How much more than it needs a lease asks for: what it took since its last sync,
-        at that pace, for the part of a time to live it is spent from."""
-        elapsed = max(now - lease.synced_at, TICK_S / 4)
-        return math.ceil(lease.taken / elapsed * self._ttl * USABLE)
-
-    def _synced(self, lease: _Lease, grant: Grant, now: float, need: float, returned: bool) -> None:
-        stats = self.stats
-        if grant.granted > 0:
-            stats.taken += 1
-        if grant.lapsed:
-            stats.expired += 1
-        if returned:
-            stats.returned += 1
-        lease.synced_at = now
-        lease.deadline = now + self._ttl * USABLE
-        lease.taken = 0.0
-        if need > 0:
-            lease.used_at = now
-
     def _name(self) -> str:
         self._leases += 1
         return f"{self._id}.{self._leases}"
-
-
-def _fail(future: asyncio.Future[Grant], exc: BaseException) -> None:
-    if isinstance(exc, asyncio.CancelledError):
-        future.cancel()
-    else:
-        future.set_exception(exc)
-        # Waiters see it; nobody else needs to.
-        future.exception()
-
-
-def _merge(entries: dict[tuple[str, str], _Entry], into: _Entry, other: _Entry) -> None:
-    """Requests of `other` now count in `into` (an entry that could not be reported)."""
-    for key, entry in entries.items():
-        if entry is other:
-            entries[key] = into
-    into.count += other.count
-
-
-def _lapse_slots(lease: _Slots, now: float) -> None:
-    held = lease.held
-    for request_id in [r for r, deadline in held.items() if deadline <= now]:
-        del held[request_id]
-    lease.lapse_at = min(held.values(), default=math.inf)
-
-
-def _lapse_reservations(lease: _Budget, now: float) -> None:
-    reserved = lease.reserved
-    for request_id in [r for r, (_, deadline) in reserved.items() if deadline <= now]:
-        lease.reserved_sum -= reserved.pop(request_id)[0]
-    lease.lapse_at = min((deadline for _, deadline in reserved.values()), default=math.inf)
 
 
 def _index_of(buckets: Sequence[Bucket], bucket: Bucket) -> int:

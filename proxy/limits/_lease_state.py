@@ -1,0 +1,139 @@
+"""What a replica keeps of its leases: one per bucket it uses, and what each holds."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from proxy.limits.store import Bucket, BudgetBucket, Slots
+
+if TYPE_CHECKING:
+    from proxy.limits.lease_store import Grant
+
+
+@dataclass(slots=True)
+class LeaseStats:
+    """What the metrics read."""
+
+    taken: int = 0
+    """Syncs that took a slice, or more of one."""
+    returned: int = 0
+    """Slices given back unused (idle, or at shutdown)."""
+    expired: int = 0
+    """Slices the store had lapsed before the replica synced them (it did not in time)."""
+    revoked: int = 0
+    """Slices given back because their limit or budget changed."""
+    local: int = 0
+    """Admissions served from slices alone, without a call to the store."""
+    synced: int = 0
+    """Admissions that waited for a sync."""
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """What every kind of lease keeps: when it was synced, used, and is usable until."""
+
+    name: str
+    synced_at: float = -math.inf
+    deadline: float = -math.inf
+    """Spent from until then; synced first after."""
+    used_at: float = -math.inf
+    taken: float = 0.0
+    """Units taken since the last sync: how fast it is spent, for the next slice's size."""
+    sync: asyncio.Future[Grant] | None = None
+    """The sync in flight, if any: one at a time per lease."""
+    closing: bool = False
+    """The sync in flight gives back some of the slice: nothing is taken from it meanwhile.
+    (While any other sync is in flight requests go on taking from the slice: the sync kept
+    all of it, and what it brings is added when it comes.)"""
+    lapse_at: float = math.inf
+    """The earliest deadline of what it holds (a request that never ended)."""
+
+
+@dataclass(slots=True, eq=False)
+class TokensLease(Lease):
+    bucket: Bucket | None = None
+    amount: float = 0.0
+    """The unused slice as of the last sync."""
+    spent: float = 0.0
+    """Spent since the last sync (a correction may be negative)."""
+    level: float = math.nan
+    """The bucket's level outside every lease at the last sync (nan: never synced)."""
+
+    def free(self) -> float:
+        """What may be taken locally: tokens given back (a count corrected downwards) are
+        spendable only once the store has them, within the capacity."""
+        spent = self.spent
+        return self.amount - spent if spent > 0 else self.amount
+
+
+@dataclass(slots=True, eq=False)
+class SlotsLease(Lease):
+    slots: Slots | None = None
+    amount: int = 0
+    held: dict[str, float] = field(default_factory=dict)
+    """Request id → when its slot lapses (its replica's request never ended)."""
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """Settled spend reported to the store as one entry; acknowledged once the ledger has
+    every request in it."""
+
+    name: str
+    count: int = 0
+    reported: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class BudgetLease(Lease):
+    bucket: BudgetBucket | None = None
+    amount: int = 0
+    """The slice as of the last sync, reservations in flight included."""
+    reserved: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Request id → (amount, deadline) of its reservation."""
+    reserved_sum: int = 0
+    unreported: int = 0
+    """Settled since the last sync, in `entry`."""
+    entry: Entry | None = None
+    entries: int = 0
+    level: int = 0
+    """The bucket's level at the last sync, this whole slice included."""
+    hold_until: float = -math.inf
+    """When the unreported spend stops counting (its `hold_s` from when it was settled)."""
+
+    def free(self) -> int:
+        return self.amount - self.reserved_sum - self.unreported
+
+
+def fail(future: asyncio.Future[Grant], exc: BaseException) -> None:
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
+        # Waiters see it; nobody else needs to.
+        future.exception()
+
+
+def merge(entries: dict[tuple[str, str], Entry], into: Entry, other: Entry) -> None:
+    """Requests of `other` now count in `into` (an entry that could not be reported)."""
+    for key, entry in entries.items():
+        if entry is other:
+            entries[key] = into
+    into.count += other.count
+
+
+def lapse_slots(lease: SlotsLease, now: float) -> None:
+    held = lease.held
+    for request_id in [r for r, deadline in held.items() if deadline <= now]:
+        del held[request_id]
+    lease.lapse_at = min(held.values(), default=math.inf)
+
+
+def lapse_reservations(lease: BudgetLease, now: float) -> None:
+    reserved = lease.reserved
+    for request_id in [r for r, (_, deadline) in reserved.items() if deadline <= now]:
+        lease.reserved_sum -= reserved.pop(request_id)[0]
+    lease.lapse_at = min((deadline for _, deadline in reserved.values()), default=math.inf)
