@@ -213,7 +213,9 @@ def _counters(settings: ProxySettings, clock: Clock) -> Counters:
     else:
         client = redis.asyncio.Redis.from_url(settings.redis_url, **options)
     leased = LeasedCounters(RedisLeaseStore(client), clock, ttl_s=settings.limits_lease_s)
-    return FallbackCounters(leased, LocalCounters(), clock)
+    fallback = FallbackCounters(leased, LocalCounters(), clock, check=leased.check)
+    leased.on_failure = fallback.failed
+    return fallback
 
 
 async def _start(

@@ -56,9 +56,17 @@ class FallbackCounters:
     """`Counters` on Redis, falling back to in-process counters while Redis is unreachable."""
 
     def __init__(
-        self, redis: Counters, local: LocalCounters, clock: Clock, retry_s: float = 5.0
+        self,
+        redis: Counters,
+        local: LocalCounters,
+        clock: Clock,
+        retry_s: float = 5.0,
+        *,
+        check: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`redis`: the shared counters (`LeasedCounters` on Redis, or `RedisCounters`)."""
+        """`redis`: the shared counters (`LeasedCounters` on Redis, or `RedisCounters`).
+        `check`: a round trip to Redis, made before calls go back to it (leased counters can
+        answer from their slices without one)."""
         self._redis = redis
         self.shared = redis
         """The shared counters (what the metrics read the leases' state from)."""
@@ -66,6 +74,7 @@ class FallbackCounters:
         self._clock = clock
         self._retry_s = retry_s
         self._retry_at = 0.0
+        self._check = check
         self.degraded = False
         """True while calls are served locally."""
         self.local_calls = 0
@@ -147,6 +156,8 @@ class FallbackCounters:
             # This call probes Redis; calls meanwhile stay local instead of all waiting on it.
             self._retry_at = self._clock.monotonic() + self._retry_s
         try:
+            if self.degraded and self._check is not None:
+                await self._check()
             result = await call(self._redis)
         except UNREACHABLE as exc:
             self._unreachable(exc)
@@ -159,6 +170,12 @@ class FallbackCounters:
     async def _locally(self, call: Callable[[Counters], Awaitable[T]]) -> T:
         self.local_calls += 1
         return await call(self._local)
+
+    def failed(self, exc: BaseException) -> None:
+        """The shared counters failed on their own (not in a call of ours): served locally
+        from now on if Redis cannot serve, as after a failed call."""
+        if isinstance(exc, UNREACHABLE):
+            self._unreachable(exc)
 
     def _unreachable(self, exc: BaseException) -> None:
         self._retry_at = self._clock.monotonic() + self._retry_s

@@ -116,6 +116,9 @@ class LeaseStore(Protocol):
     async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
         """Entries of bucket `key` whose spend the ledger acknowledged at `now`."""
 
+    async def ping(self) -> None:
+        """A round trip; raises when the store cannot be reached."""
+
     async def close(self) -> None: ...
 
 
@@ -406,6 +409,9 @@ class RedisLeaseStore:
         await self._ledgered(
             keys=[hash_key, hash_key + ":dl", hash_key + ":ak"], args=[now, len(entries), *entries]
         )
+
+    async def ping(self) -> None:
+        await self._client.ping()
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from proxy.limits._lease_state import (
@@ -90,6 +90,9 @@ class LeasedCounters:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self.stats = LeaseStats()
+        self.on_failure: Callable[[BaseException], None] | None = None
+        """Told when a tick's syncs fail: requests served from slices meet no Redis call, so
+        the tick is often the first to find Redis gone."""
         self._syncs = Syncs(store, ttl_s, self.stats, self._entries)
 
     def start(self) -> None:
@@ -258,8 +261,14 @@ class LeasedCounters:
     # The tick
 
     async def tick(self, now: float) -> None:
-        """Report spend, renew slices in use, give back idle ones, forget what is empty."""
-        await self._each(self._give_back(now, force=False))
+        """Report spend, renew slices in use, give back idle ones, forget what is empty. A
+        failure is told to `on_failure`, then raised."""
+        try:
+            await self._each(self._give_back(now, force=False))
+        except Exception as exc:
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            raise
 
     async def _run(self) -> None:
         while True:
@@ -280,6 +289,10 @@ class LeasedCounters:
             else:
                 self._failing = False
 
+    async def check(self) -> None:
+        """A round trip to the store; raises what it raises."""
+        await self._store.ping()
+
     def _give_back(self, now: float, *, force: bool) -> list[Awaitable[Grant]]:
         """The syncs a tick (or, with `force`, the shutdown) makes, each started (its lease
         marked as syncing) before anything else runs."""
@@ -294,7 +307,7 @@ class LeasedCounters:
                 del self._tokens[key]
             elif idle:
                 calls.append(self._syncs.tokens(tokens, now, 0.0, 0.0, returned=True))
-            elif tokens.spent or now - tokens.synced_at >= renew_after:
+            elif tokens.spent or (tokens.amount and now - tokens.synced_at >= renew_after):
                 calls.append(self._syncs.tokens(tokens, now, None, 0.0))
         for key, slots in list(self._slots.items()):
             if slots.sync is not None:

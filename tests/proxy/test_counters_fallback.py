@@ -19,8 +19,10 @@ from redis.backoff import NoBackoff
 
 from proxy.limits.counters import LocalCounters
 from proxy.limits.fallback import FallbackCounters
+from proxy.limits.lease_store import RedisLeaseStore
+from proxy.limits.leases import LeasedCounters
 from proxy.limits.redis_counters import RedisCounters
-from proxy.limits.store import Bucket, BudgetBucket, Slots
+from proxy.limits.store import Bucket, BudgetBucket, Counters, Slots
 from tests.support.clock import ManualClock
 from tests.support.processes import free_port, stop
 
@@ -40,7 +42,15 @@ BUDGET = BudgetBucket(
 )
 
 
-def counters_at(port: int, clock: ManualClock) -> FallbackCounters:
+@pytest.fixture(params=["leased", "per-request"])
+def shared(request: pytest.FixtureRequest) -> str:
+    """The shared counters behind the fallback: leased (what the proxy runs), or a script per
+    call."""
+    kind: str = request.param
+    return kind
+
+
+def counters_at(port: int, clock: ManualClock, shared: str) -> FallbackCounters:
     # No retries of the client's own: failing fast is the fallback's job.
     client = Redis(
         host="127.0.0.1",
@@ -50,7 +60,12 @@ def counters_at(port: int, clock: ManualClock) -> FallbackCounters:
         retry=Retry(NoBackoff(), 0),
     )
     prefix = f"vkgate-test-{secrets.token_hex(6)}:"
-    return FallbackCounters(RedisCounters(client, prefix), LocalCounters(), clock, retry_s=RETRY_S)
+    store: Counters
+    if shared == "leased":
+        store = LeasedCounters(RedisLeaseStore(client, prefix), clock)
+    else:
+        store = RedisCounters(client, prefix)
+    return FallbackCounters(store, LocalCounters(), clock, retry_s=RETRY_S)
 
 
 def messages(caplog: pytest.LogCaptureFixture, start: str) -> list[str]:
@@ -113,10 +128,11 @@ def stopped_clock() -> ManualClock:
 
 async def test_an_unreachable_redis_is_served_locally_with_one_warning(
     caplog: pytest.LogCaptureFixture,
+    shared: str,
 ) -> None:
     caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
     clock = stopped_clock()
-    counters = counters_at(free_port(), clock)  # nothing listens there
+    counters = counters_at(free_port(), clock, shared)  # nothing listens there
     try:
         assert (await counters.take([ONE_A_MINUTE], T0)).admitted
         assert counters.degraded
@@ -134,12 +150,12 @@ async def test_an_unreachable_redis_is_served_locally_with_one_warning(
 
 
 async def test_calls_go_back_to_redis_once_it_answers_and_retry_s_passed(
-    caplog: pytest.LogCaptureFixture, tmp_path: Path
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, shared: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="vkgate.proxy.limits")
     clock = stopped_clock()
     port = free_port()
-    counters = counters_at(port, clock)
+    counters = counters_at(port, clock, shared)
     try:
         assert (await counters.take([ONE_A_MINUTE], T0)).admitted
         assert counters.degraded
@@ -162,9 +178,9 @@ async def test_calls_go_back_to_redis_once_it_answers_and_retry_s_passed(
         await counters.close()
 
 
-async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out() -> None:
+async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out(shared: str) -> None:
     clock = stopped_clock()
-    counters = counters_at(free_port(), clock)
+    counters = counters_at(free_port(), clock, shared)
     try:
         assert (await counters.reserve("r1", [BUDGET], [50], 30.0, T0)).admitted
         await counters.settle("r1", [BUDGET], [20], 600.0, T0)
@@ -176,9 +192,9 @@ async def test_budgets_are_settled_and_acknowledged_locally_while_redis_is_out()
         await counters.close()
 
 
-async def test_requests_are_admitted_and_finished_locally_while_redis_is_out() -> None:
+async def test_requests_are_admitted_and_finished_locally_while_redis_is_out(shared: str) -> None:
     clock = stopped_clock()
-    counters = counters_at(free_port(), clock)
+    counters = counters_at(free_port(), clock, shared)
     slots = Slots("cc:vk:a", limit=1, lease_s=30.0)
     before = counters.local_calls
     try:
@@ -192,5 +208,34 @@ async def test_requests_are_admitted_and_finished_locally_while_redis_is_out() -
         probe = await counters.reserve("probe", [BUDGET], [0], 30.0, T0)
         assert probe.levels == (30,), "settled locally: the ledger's 10 and r1's 20"
         assert counters.local_calls == before + 5
+    finally:
+        await counters.close()
+
+
+async def test_a_report_that_cannot_reach_redis_puts_limits_in_process_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """Requests served from a leased slice make no Redis call: the tick's report is what finds
+    Redis gone, and a probe must reach Redis before calls go back to it."""
+    clock = stopped_clock()
+    port = free_port()
+    client = Redis(host="127.0.0.1", port=port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    leased = LeasedCounters(RedisLeaseStore(client, f"vkgate-test-{secrets.token_hex(6)}:"), clock)
+    counters = FallbackCounters(leased, LocalCounters(), clock, RETRY_S, check=leased.check)
+    leased.on_failure = counters.failed
+    busy = Bucket("rl:vk:a:rpm", capacity=6000, per_second=100, cost=1)
+    try:
+        with redis_server(port, tmp_path):
+            assert (await counters.take([busy], T0)).admitted
+            assert (await counters.take([busy], T0)).admitted, "a second take: a larger slice"
+        assert (await counters.take([busy], T0)).admitted, "served from the slice"
+        assert not counters.degraded, "no call met Redis gone"
+
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await leased.tick(T0 + 0.3)
+        assert counters.degraded, "the report found Redis gone"
+        clock.elapse(RETRY_S + 1)
+        assert (await counters.take([busy], T0 + 0.3)).admitted
+        assert counters.degraded, "the probe could not reach Redis: still in-process"
     finally:
         await counters.close()
