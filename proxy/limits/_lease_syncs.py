@@ -9,6 +9,7 @@ meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 
@@ -23,6 +24,8 @@ from proxy.limits._lease_state import (
     merge,
 )
 from proxy.limits.lease_store import Grant, LeaseStore
+
+log = logging.getLogger("vkgate.proxy.limits")
 
 USABLE = 0.75
 """A slice is spent from for this share of its time to live, then synced first: the store
@@ -108,7 +111,7 @@ class Syncs:
             bucket,
             lease.name,
             now,
-            had=lease.synced_at > -math.inf,
+            had=lease.amount > 0,
             must=reserved,
             keep=keeping,
             need=need,
@@ -118,9 +121,13 @@ class Syncs:
             # Past its hold it would have lapsed by now: nothing to count.
             settled=settled if hold_s > 0 else 0,
             hold_s=hold_s,
+            # Closed by this sync: no request joins it after, so a count of none now is final.
+            acked=entry is not None and entry.count == 0,
         )
-        # Settled from now on goes into the next entry.
+        # Settled from now on goes into the next entry; what was settled leaves the slice (it
+        # becomes the entry's), so the slice's room meanwhile is what it was, not that plus it.
         lease.unreported, lease.entry = 0, None
+        lease.amount -= settled
 
         def done(grant: Grant) -> None:
             if entry is not None:
@@ -132,6 +139,7 @@ class Syncs:
         def undo() -> None:
             # Not reported: counted again at the next sync, in the entry of then.
             lease.unreported += settled
+            lease.amount += settled
             if entry is not None:
                 if lease.entry is None:
                     lease.entry = entry
@@ -186,6 +194,14 @@ class Syncs:
             stats.taken += 1
         if grant.lapsed:
             stats.expired += 1
+            # A live replica's slice lapsed: it was not renewed in time (its event loop was
+            # held up longer than half a time to live, or the replicas' clocks disagree).
+            log.warning(
+                "limit_lease_expired: a slice was not renewed within its %g s (%.2f s since "
+                "its last sync)",
+                self._ttl,
+                now - lease.synced_at,
+            )
         if returned:
             stats.returned += 1
         lease.synced_at = now

@@ -534,7 +534,7 @@ def _decide(
 
 def levels_of(buckets: Sequence[Bucket], levels: Sequence[float], refused: int | None) -> Levels:
     """What a take reports, from the levels it left (found, when refused): shared with
-    `RedisCounters`, whose script returns just the levels."""
+    `LeasedCounters`, which knows just the levels."""
     if len(levels) != len(buckets):
         raise ValueError("one level per bucket")
     reset: list[float] = []

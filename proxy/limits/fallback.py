@@ -64,7 +64,7 @@ class FallbackCounters:
         *,
         check: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`redis`: the shared counters (`LeasedCounters` on Redis, or `RedisCounters`).
+        """`redis`: the shared counters (`LeasedCounters` on Redis).
         `check`: a round trip to Redis, made before calls go back to it (leased counters can
         answer from their slices without one)."""
         self._redis = redis

@@ -20,9 +20,9 @@ Layout (P is the prefix):
   above the capacity less the leases' unused slices, so the bucket with its leases never holds
   more than its capacity (a burst admits at most the limit across the fleet).
 - slots `P sll:{key}`: hash, per lease `l:<id>` = "<slots> <deadline>".
-- budget `P bg:{key}` with its `:dl` and `:ak` sorted sets: the layout of the shared budget
-  counters (`proxy.limits.redis_counters`), where a lease is an open reservation `o:<id>` and
-  each report of settled spend an unacknowledged entry `u:<entry>`.
+- budget `P bg:{key}` with its `:dl` and `:ak` sorted sets (`proxy.limits._budget_lua`), where
+  a lease is an open reservation `o:<id>` and each report of settled spend an unacknowledged
+  entry `u:<entry>`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.limits.redis_counters import _LEDGERED, _LUA_BUDGETS, _LUA_COMMON
+from proxy.limits._budget_lua import LEDGERED, LUA_BUDGETS, LUA_COMMON
 from proxy.limits.store import Bucket, BudgetBucket, Slots
 
 SHARE = 4
@@ -106,8 +106,10 @@ class LeaseStore(Protocol):
         entry: str,
         settled: int,
         hold_s: float,
+        acked: bool,
     ) -> Grant:
-        """Record `settled` nanos of spend as the unacknowledged entry `entry` (held `hold_s`),
+        """Record `settled` nanos of spend as the unacknowledged entry `entry` (held `hold_s`;
+        with `acked`, the ledger has it already: as acknowledged at `now`),
         then set this lease's open reservation to `must` (reservations in flight: not checked)
         + `keep` (checked only when the lease had lapsed) + `need` (up to `want`; a blocking
         budget gives it only if `level + need <= limit`). A newer ledger figure in `bucket`
@@ -141,7 +143,7 @@ end
 """
 
 _TOKENS = (
-    _LUA_COMMON
+    LUA_COMMON
     + _LUA_LEASES
     + """
 -- KEYS[1]: the bucket's hash. ARGV: now, lease id, capacity, per_second, used, keep, need,
@@ -210,7 +212,7 @@ return {num(granted), num(mine), num(level), lapsed}
 )
 
 _SLOTS = (
-    _LUA_COMMON
+    LUA_COMMON
     + _LUA_LEASES
     + """
 -- KEYS[1]: the slots' hash. ARGV: now, lease id, limit, must, keep, need, want, ttl.
@@ -257,12 +259,12 @@ return {granted, mine, others + mine, lapsed}
 )
 
 _BUDGET = (
-    _LUA_COMMON
-    + _LUA_BUDGETS
+    LUA_COMMON
+    + LUA_BUDGETS
     + _LUA_LEASES
     + """
 -- KEYS: hash, deadlines, acknowledged seconds. ARGV: now, lease id, ledger, ledger_as_of,
--- expires_at, limit, blocking, had, must, keep, need, want, ttl, entry, settled, hold_s.
+-- expires_at, limit, blocking, had, must, keep, need, want, ttl, entry, settled, hold_s, acked.
 -- Reply: granted, the lease's slice, the bucket's level, lapsed (1/0).
 local now_s, me = ARGV[1], 'o:' .. ARGV[2]
 local now = tonumber(now_s)
@@ -277,7 +279,15 @@ if old == nil then
   if had then lapsed = 1 end
 end
 b.open, b.level = b.open - old, b.level - old
-if settled ~= 0 then
+if settled ~= 0 and ARGV[17] == '1' then
+  -- The ledger has every request of the entry already: acknowledged now, as `ledgered` would.
+  local second = int(math.floor(now))
+  b.ack, b.level, b.sums = (b.ack or 0) + settled, b.level + settled, true
+  redis.call('HINCRBY', b.hash, 'a:' .. second, int(settled))
+  redis.call('ZADD', b.ak, second, second)
+  local ttl = redis.call('PTTL', b.hash)
+  if ttl > 0 then redis.call('PEXPIRE', b.ak, ttl) end
+elseif settled ~= 0 then
   local field = 'u:' .. ARGV[14]
   b.set[field] = ARGV[15]
   b.unl, b.level = b.unl + settled, b.level + settled
@@ -324,7 +334,7 @@ class RedisLeaseStore:
         self._tokens = client.register_script(_TOKENS)
         self._slots = client.register_script(_SLOTS)
         self._budget = client.register_script(_BUDGET)
-        self._ledgered = client.register_script(_LEDGERED)
+        self._ledgered = client.register_script(LEDGERED)
 
     async def tokens(
         self,
@@ -377,6 +387,7 @@ class RedisLeaseStore:
         entry: str,
         settled: int,
         hold_s: float,
+        acked: bool,
     ) -> Grant:
         hash_key = self._budget_prefix + bucket.key + "}"
         reply = await self._budget(
@@ -398,6 +409,7 @@ class RedisLeaseStore:
                 entry,
                 settled,
                 hold_s,
+                1 if acked else 0,
             ],
         )
         return _grant(reply)

@@ -116,7 +116,14 @@ class LeasedCounters:
         step = _TOKENS_STEP
         synced = False
         self.stats.local += 1  # until it has to sync
+        time = self._clock.time
         for _ in range(ATTEMPTS):
+            # A request may have waited since the caller read the clock (for other syncs, or a
+            # busy loop): slices are checked against, and synced at, the time now. A slice
+            # synced at a stale time would be past its deadline in the store already.
+            fresh = time()
+            if fresh > now:
+                now = fresh
             # Everything is checked, then taken, with no await in between.
             step = _TOKENS_STEP
             short_tokens = self._short_tokens(buckets, now) if buckets else None
@@ -234,14 +241,24 @@ class LeasedCounters:
                 continue
             entry.count -= 1
             if entry.count == 0:
-                done.setdefault(key, []).append(entry.name)
-                if not entry.reported and lease is not None:
+                if entry.reported:
+                    done.setdefault(key, []).append(entry.name)
+                elif lease is not None:
                     unreported[key] = lease
-        # The ledger was faster than the tick: reported first, so there is an entry to move.
+        # The ledger was faster than the tick: the entry is still open, and its report says it
+        # is acknowledged if no request joined it meanwhile (after the sync in flight, if any:
+        # one sync of a lease at a time).
         for lease in unreported.values():
-            await self._syncs.budget(lease, now, keep=None, need=0)
+            while lease.sync is not None:
+                await asyncio.shield(lease.sync)
+            if lease.unreported:
+                await self._syncs.budget(lease, self._clock_time(now), keep=None, need=0)
         for key, names in done.items():
             await self._store.ledgered(key, names, now)
+
+    def _clock_time(self, now: float) -> float:
+        fresh = self._clock.time()
+        return fresh if fresh > now else now
 
     async def close(self) -> None:
         """Give back every slice (what requests still hold stays held until it lapses)."""

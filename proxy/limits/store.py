@@ -1,9 +1,9 @@
 """The counters rate limits and budgets are kept in: the Protocol, and what it trades in.
 
 Two implementations keep the same semantics: `LocalCounters` (in-process, one replica) and
-`RedisCounters` (shared by every replica, one atomic script per call). Every call takes `now`
-from the caller's clock (unix seconds), so tests drive time and replicas agree on it within
-their clocks' skew.
+`LeasedCounters` (shared by every replica through Redis, spent from leased slices). Every call
+takes `now` from the caller's clock (unix seconds), so tests drive time and replicas agree on it
+within their clocks' skew.
 
 What the calls take and give are built for every request, several times over: they are plain
 slotted dataclasses, never changed once built, rather than frozen ones (a frozen dataclass sets

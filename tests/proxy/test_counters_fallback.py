@@ -21,7 +21,6 @@ from proxy.limits.counters import LocalCounters
 from proxy.limits.fallback import FallbackCounters
 from proxy.limits.lease_store import RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
-from proxy.limits.redis_counters import RedisCounters
 from proxy.limits.store import Bucket, BudgetBucket, Counters, Slots
 from tests.support.clock import ManualClock
 from tests.support.processes import free_port, stop
@@ -42,10 +41,9 @@ BUDGET = BudgetBucket(
 )
 
 
-@pytest.fixture(params=["leased", "per-request"])
+@pytest.fixture(params=["leased"])
 def shared(request: pytest.FixtureRequest) -> str:
-    """The shared counters behind the fallback: leased (what the proxy runs), or a script per
-    call."""
+    """The shared counters behind the fallback."""
     kind: str = request.param
     return kind
 
@@ -60,11 +58,7 @@ def counters_at(port: int, clock: ManualClock, shared: str) -> FallbackCounters:
         retry=Retry(NoBackoff(), 0),
     )
     prefix = f"vkgate-test-{secrets.token_hex(6)}:"
-    store: Counters
-    if shared == "leased":
-        store = LeasedCounters(RedisLeaseStore(client, prefix), clock)
-    else:
-        store = RedisCounters(client, prefix)
+    store: Counters = LeasedCounters(RedisLeaseStore(client, prefix), clock)
     return FallbackCounters(store, LocalCounters(), clock, retry_s=RETRY_S)
 
 

@@ -46,7 +46,7 @@ from tests.support.processes import (
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 PREFIX = "vkgate:"
-"""The proxies' default key prefix in Redis (`RedisCounters`)."""
+"""The proxies' default key prefix in Redis (`RedisLeaseStore`)."""
 REPLICAS = 3
 
 # 0.1 USD a token: a plain answer (11 + 7 tokens) costs 1.8 USD.

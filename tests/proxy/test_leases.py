@@ -1,0 +1,114 @@
+"""What `LeasedCounters` does beyond the `Counters` contract: slices, syncs and what they report.
+
+The store is a real Redis; a store whose budget syncs wait on a gate the test opens lets a test
+look at a replica while a sync is in flight, without any timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from proxy.limits.lease_store import Grant, RedisLeaseStore
+from proxy.limits.leases import LeasedCounters
+from proxy.limits.store import Bucket, BudgetBucket
+from tests.proxy.test_counters import delete_prefixed, redis_client
+from tests.support.clock import ManualClock
+
+T0 = 1_800_000_000.0
+LEASE_S = 30.0
+HOLD_S = 600.0
+TTL_S = 2.0
+PAST = ManualClock(datetime(2001, 1, 1, tzinfo=UTC))
+"""The counters' clock, far behind every `now` the tests give: those are the time."""
+
+
+class GatedStore(RedisLeaseStore):
+    """A Redis store whose budget syncs wait for `gate` while it is closed."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(redis_client(), prefix)
+        self.prefix = prefix
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def budget(self, bucket: BudgetBucket, lease: str, now: float, **kw: Any) -> Grant:
+        self.waiting += 1
+        await self.gate.wait()
+        self.waiting -= 1
+        return await super().budget(bucket, lease, now, **kw)
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[LeasedCounters, GatedStore]]:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    store = GatedStore(prefix)
+    counters = LeasedCounters(store, PAST, ttl_s=TTL_S)
+    try:
+        yield counters, store
+    finally:
+        store.gate.set()
+        await counters.close()
+        await delete_prefixed(prefix)
+
+
+def budget(limit: int = 100) -> BudgetBucket:
+    return BudgetBucket("bg:b1:0", limit, 0, 0.0, True, 0, None)
+
+
+async def stored_level(prefix: str) -> int:
+    """The bucket's level as a newcomer replica finds it in the store."""
+    other = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST)
+    try:
+        probe = await other.reserve("probe", [budget()], [0], LEASE_S, T0 + 0.5)
+        return probe.levels[0]
+    finally:
+        await other.close()
+
+
+async def test_spend_being_reported_is_not_room_in_the_slice_meanwhile(
+    gated: tuple[LeasedCounters, GatedStore],
+) -> None:
+    counters, store = gated
+    assert (await counters.reserve("r1", [budget()], [40], LEASE_S, T0)).admitted
+    await counters.settle("r1", [budget()], [40], HOLD_S, T0)
+    store.gate.clear()
+    report = asyncio.create_task(counters.tick(T0 + 0.1))
+    while store.waiting == 0:
+        await asyncio.sleep(0)  # the tick starts its report, which waits at the gate
+
+    # The slice held 40, all settled: nothing of it is room, report in flight or not.
+    second = asyncio.create_task(counters.reserve("r2", [budget()], [30], LEASE_S, T0 + 0.1))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not second.done(), "admitted from spend being reported, without the store"
+
+    store.gate.set()
+    await report
+    assert (await second).admitted, "the store had room for it"
+    await counters.tick(T0 + 1.5)  # its idle room goes back
+    assert await stored_level(store.prefix) == 70
+
+
+async def test_a_slice_grows_with_the_pace_it_is_spent_at_and_shrinks_near_the_limit() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    counters = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    bucket = Bucket("rl:vk:a:rpm", capacity=1000, per_second=0.0, cost=1)
+    try:
+        for _ in range(200):
+            assert (await counters.take([bucket], T0)).admitted
+        busy = counters.stats.taken
+        assert busy < 20, f"200 requests took {busy} slices: most were served locally"
+        for _ in range(900):
+            await counters.take([bucket], T0)
+        assert not (await counters.take([bucket], T0)).admitted, "exactly the capacity"
+        assert counters.stats.local + counters.stats.synced == 1101
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
