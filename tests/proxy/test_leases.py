@@ -17,8 +17,11 @@ import pytest
 from proxy.limits.lease_store import Grant, RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
 from proxy.limits.store import Bucket, BudgetBucket
+from proxy.settings import ProxySettings
 from tests.proxy.test_counters import delete_prefixed, redis_client
 from tests.support.clock import ManualClock
+from tests.support.env import INTERNAL_SECRET
+from vkgate import env as E
 
 T0 = 1_800_000_000.0
 LEASE_S = 30.0
@@ -112,3 +115,32 @@ async def test_a_slice_grows_with_the_pace_it_is_spent_at_and_shrinks_near_the_l
     finally:
         await counters.close()
         await delete_prefixed(prefix)
+
+
+async def test_a_budget_whose_limit_changed_gets_its_slice_back_before_admitting_under_it() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    counters = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    try:
+        for n in range(5):  # a slice larger than one request, at this pace
+            assert (await counters.reserve(f"r{n}", [budget(1000)], [10], LEASE_S, T0)).admitted
+        lowered = await counters.reserve("r5", [budget(60)], [20], LEASE_S, T0)
+        assert counters.stats.revoked == 1
+        assert not lowered.admitted, "50 reserved of 60: no room for 20 more"
+        assert lowered.levels == (50,), "nothing of the old slice is counted any more"
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
+
+
+def test_lease_settings_are_read_and_checked() -> None:
+    def settings(**values: str) -> ProxySettings:
+        return ProxySettings.from_env({"VKGATE_INTERNAL_SECRET": INTERNAL_SECRET, **values})
+
+    assert (settings().limits_lease_s, settings().redis_cluster) == (2.0, False)
+    read = settings(VKGATE_LIMITS_LEASE_SECONDS="5", VKGATE_REDIS_CLUSTER="true")
+    assert (read.limits_lease_s, read.redis_cluster) == (5.0, True)
+    for value in ("0.1", "61"):
+        with pytest.raises(E.SettingError, match="VKGATE_LIMITS_LEASE_SECONDS must be between"):
+            settings(VKGATE_LIMITS_LEASE_SECONDS=value)
+    with pytest.raises(E.SettingError, match="VKGATE_REDIS_CLUSTER"):
+        settings(VKGATE_REDIS_CLUSTER="maybe")

@@ -32,6 +32,8 @@ from tests.support.clock import ManualClock
 from tests.support.fake_openai import FakeOpenAI, serve_fake_openai
 from tests.support.processes import free_port
 
+SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
+
 HELLO: Any = [{"role": "user", "content": "hello"}]
 # 0.1 USD a token: a plain answer (11 + 7 tokens) costs 1.8 USD.
 PRICE = {"input_per_mtok": "100000", "output_per_mtok": "100000"}
@@ -328,3 +330,27 @@ async def test_without_redis_a_replica_falls_back_to_its_own_counters_and_says_s
     assert ready["limits"] == "in-process (redis unreachable)"
     assert degraded == 1
     assert any("limits_redis_unreachable" in r.getMessage() for r in caplog.records)
+
+
+async def test_with_redis_requests_are_admitted_from_leased_slices_and_the_metrics_say_so(
+    app: Litestar,
+    client: httpx.AsyncClient,
+    clock: ManualClock,
+    priced: Tenant,
+) -> None:
+    settings = proxy_settings(redis_url=SHARED_REDIS_URL)
+    _, key = await add_key(client, priced, limits={"rpm": 10_000})
+    async with serve_proxy(app, clock, settings) as proxy, proxy.http() as http:
+        statuses = [(await post(http, key, chat())).status_code for _ in range(20)]
+        ready = (await http.get("/readyz")).json()
+        sample = proxy.metrics.registry.get_sample_value
+        taken = sample("vkgate_limits_leases_total", {"event": "taken"})
+        local = sample("vkgate_limits_admissions_total", {"source": "lease"})
+        synced = sample("vkgate_limits_admissions_total", {"source": "redis"})
+        share = sample("vkgate_limits_served_without_redis_ratio")
+    assert statuses == [200] * 20
+    assert ready["limits"] == "redis"
+    assert taken is not None and taken >= 1
+    assert local is not None and synced is not None
+    assert local + synced == 20 and local > synced, "most were served from a slice"
+    assert share == local / 20
