@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from proxy.limits._lease_state import (
     BudgetLease,
@@ -60,6 +60,7 @@ SYNCS_AT_ONCE = 64
 """A tick's syncs in flight at once."""
 
 _TOKENS_STEP, _SLOTS_STEP, _BUDGETS_STEP = 0, 1, 2
+T = TypeVar("T")
 
 
 class LeasedCounters:
@@ -124,40 +125,47 @@ class LeasedCounters:
             fresh = time()
             if fresh > now:
                 now = fresh
-            # Everything is checked, then taken, with no await in between.
-            step = _TOKENS_STEP
+            # Everything is checked, then taken, with no await in between; what is short is
+            # synced at once (one round trip, however many buckets), and checked again after.
             short_tokens = self._short_tokens(buckets, now) if buckets else None
-            if short_tokens:
-                synced = synced or self._count_synced()
-                refused = await self._top_up_tokens(short_tokens, buckets, now)
-                if refused is not None:
-                    return Admission(self._levels(buckets, now, refused))
-                continue
-            step = _SLOTS_STEP
             short_slots = self._short_slots(slots, request_id, now) if slots else None
-            if short_slots:
-                synced = synced or self._count_synced()
-                refused = await self._top_up_slots(short_slots, slots, request_id, now)
-                if refused is not None:
-                    return Admission(self._levels(buckets, now, None) if buckets else None, refused)
-                continue
-            step = _BUDGETS_STEP
-            survivors: frozenset[int] = frozenset()
+            repeat = short_budgets = None
             if budgets:
                 if refusing is None:
                     refusing = [False] * len(budgets)
                 repeat = self._repeat(request_id, budgets, now)
-                if repeat is not None:
-                    admission = self._commit(
-                        request_id, buckets, slots, (), (), lease_s, now, repeat
+                if repeat is None:
+                    short_budgets = self._short_budgets(budgets, amounts, refusing, now)
+            if short_tokens or short_slots or short_budgets:
+                synced = synced or self._count_synced()
+                step = (
+                    _TOKENS_STEP if short_tokens else _SLOTS_STEP if short_slots else _BUDGETS_STEP
+                )
+                tops: list[Awaitable[int | None]] = []
+                if short_tokens:
+                    tops.append(self._top_up_tokens(short_tokens, buckets, now))
+                if short_slots:
+                    tops.append(self._top_up_slots(short_slots, slots, request_id, now))
+                if short_budgets:
+                    assert refusing is not None
+                    tops.append(
+                        self._top_up_budgets(short_budgets, budgets, amounts, refusing, now)
                     )
-                    admission.reservation = Reservation(True, repeat, self._budget_levels(budgets))
-                    return admission
-                short = self._short_budgets(budgets, amounts, refusing, now)
-                if short:
-                    synced = synced or self._count_synced()
-                    await self._top_up_budgets(short, budgets, amounts, refusing, now)
-                    continue
+                answers = iter(await _all(tops))
+                refused = next(answers) if short_tokens else None
+                if refused is not None:
+                    return Admission(self._levels(buckets, now, refused))
+                refused = next(answers) if short_slots else None
+                if refused is not None:
+                    levels = self._levels(buckets, now, None) if buckets else None
+                    return Admission(levels, refused)
+                continue
+            if repeat is not None:
+                admission = self._commit(request_id, buckets, slots, (), (), lease_s, now, repeat)
+                admission.reservation = Reservation(True, repeat, self._budget_levels(budgets))
+                return admission
+            survivors: frozenset[int] = frozenset()
+            if refusing is not None:
                 refused_at, survivors = _decide(budgets, refusing)
                 if refused_at is not None:
                     reservation = Reservation(
@@ -393,10 +401,13 @@ class LeasedCounters:
     async def _top_up_tokens(
         self, short: list[tuple[TokensLease, Bucket]], buckets: Sequence[Bucket], now: float
     ) -> int | None:
-        """Sync each short lease; the index (among `buckets`) of a refusal, if any."""
+        """Sync the short leases at once; the index (among `buckets`) of a refusal, if any."""
+        waits: list[Awaitable[Grant]] = []
+        started: list[Bucket | None] = []
         for lease, b in short:
             if lease.sync is not None:
-                await asyncio.shield(lease.sync)
+                waits.append(asyncio.shield(lease.sync))
+                started.append(None)
                 continue
             keep: float | None = None
             if lease.bucket is not None and (
@@ -409,10 +420,15 @@ class LeasedCounters:
             lease.bucket = b
             free = max(0.0, lease.free()) if keep is None else 0.0
             need = b.cost - free if b.cost > free else 0.0
-            grant = await self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0)
-            if grant.granted < 0:
-                return _index_of(buckets, b)
-        return None
+            waits.append(self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0))
+            started.append(b)
+        refused = None
+        for sent, grant in zip(started, await _all(waits), strict=True):
+            if sent is not None and grant.granted < 0:
+                at = _index_of(buckets, sent)
+                if refused is None or at < refused:
+                    refused = at
+        return refused
 
     def _remaining(self, lease: TokensLease | None, b: Bucket, now: float) -> float:
         """The bucket's level as this replica sees it: the level outside every lease at the
@@ -461,9 +477,12 @@ class LeasedCounters:
         request_id: str,
         now: float,
     ) -> int | None:
+        waits: list[Awaitable[Grant]] = []
+        started: list[Slots | None] = []
         for lease, s in short:
             if lease.sync is not None:
-                await asyncio.shield(lease.sync)
+                waits.append(asyncio.shield(lease.sync))
+                started.append(None)
                 continue
             keep: int | None = None
             if lease.slots is not None and lease.slots.limit != s.limit:
@@ -473,10 +492,15 @@ class LeasedCounters:
             lease.slots = s
             free = lease.amount - len(lease.held) if keep is None else 0
             need = 0 if request_id in lease.held or free >= 1 else 1
-            grant = await self._syncs.slots(lease, now, keep, need)
-            if grant.granted < 0:
-                return next(i for i, x in enumerate(slots) if x.key == s.key)
-        return None
+            waits.append(self._syncs.slots(lease, now, keep, need))
+            started.append(s)
+        refused = None
+        for sent, grant in zip(started, await _all(waits), strict=True):
+            if sent is not None and grant.granted < 0:
+                at = next(i for i, x in enumerate(slots) if x.key == sent.key)
+                if refused is None or at < refused:
+                    refused = at
+        return refused
 
     # Budgets
 
@@ -548,11 +572,14 @@ class LeasedCounters:
         refusing: list[bool],
         now: float,
     ) -> None:
+        waits: list[Awaitable[Grant]] = []
+        started: list[int] = []
         for i in short:
             b = budgets[i]
             lease = self._budgets[b.key]
             if lease.sync is not None:
-                await asyncio.shield(lease.sync)
+                waits.append(asyncio.shield(lease.sync))
+                started.append(-1)
                 continue
             keep: int | None = None
             old = lease.bucket
@@ -564,8 +591,10 @@ class LeasedCounters:
                 lease.bucket = b
             free = max(0, lease.free()) if keep is None else 0
             need = amounts[i] - free if amounts[i] > free else 0
-            grant = await self._syncs.budget(lease, now, keep, need)
-            if grant.granted < 0:
+            waits.append(self._syncs.budget(lease, now, keep, need))
+            started.append(i)
+        for i, grant in zip(started, await _all(waits), strict=True):
+            if i >= 0 and grant.granted < 0:
                 refusing[i] = True
 
     def _budget_levels(self, budgets: Sequence[BudgetBucket]) -> tuple[int, ...]:
@@ -684,6 +713,13 @@ class LeasedCounters:
     def _name(self) -> str:
         self._leases += 1
         return f"{self._id}.{self._leases}"
+
+
+async def _all(waits: Sequence[Awaitable[T]]) -> list[T]:
+    """Every answer, in order: one awaited as it is, more at once."""
+    if len(waits) == 1:
+        return [await waits[0]]
+    return list(await asyncio.gather(*waits))
 
 
 def _index_of(buckets: Sequence[Bucket], bucket: Bucket) -> int:
