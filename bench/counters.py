@@ -8,7 +8,7 @@ is the same request made of the single-purpose calls. A Redis `PING` gives the s
 trip through redis-py's asyncio client.
 
     .venv/bin/python bench/counters.py [--calls 3000] [--redis-url redis://127.0.0.1:6379/0]
-        [--cases take,slots,budget,calls,request,ping]
+        [--cases take,slots,budget,calls,request,cold,ping]
 
 Bounded: `--calls` operations per case and mode, after a short warm-up. Uses a unique key
 prefix and deletes its keys afterwards. Limits are set far above what a run takes, so every
@@ -39,6 +39,7 @@ from proxy.limits.store import Bucket, BudgetBucket, Counters, Slots
 from vkgate.clock import SystemClock
 
 CONCURRENCY = 16
+TICK_S = 0.25
 WARMUP = 200
 LEASE_S = 900.0
 HOLD_S = 600.0
@@ -115,7 +116,28 @@ def cases(counters: Counters) -> dict[str, tuple[str, Op]]:
             time.time(),
         )
 
+    ticked = [time.monotonic()]
+
+    async def cold(request_id: str) -> None:
+        # Every bucket of this request is one no slice covers: the key's only request a while.
+        rpm = Bucket(f"rl:vk:{request_id}:rpm", PLENTY, PLENTY / 60, 1.0)
+        rpd = Bucket(f"rl:vk:{request_id}:rpd", PLENTY, PLENTY / 86_400, 1.0)
+        tpm = Bucket(f"rl:vk:{request_id}:tpm", PLENTY, PLENTY / 60, 1200.0)
+        own = Slots(f"cc:vk:{request_id}", 1_000_000_000, LEASE_S)
+        budgets = [budget(f"bg:vk:{request_id}", True)]
+        await counters.admit(
+            request_id, [rpm, rpd, tpm], [own], budgets, [2_000_000], LEASE_S, time.time()
+        )
+        await counters.finish(request_id, [], [own], budgets, [1_500_000], HOLD_S, time.time())
+        tick = getattr(counters, "tick", None)
+        if tick is not None and time.monotonic() >= ticked[0] + TICK_S:
+            # A replica's tick, at its pace: it reports every slice's use (and a tick later,
+            # finds the slices empty and idle, and forgets them with no call).
+            ticked[0] = time.monotonic()
+            await tick(time.time())
+
     return {
+        "cold": ("a key's only request a while (5 buckets; leased: and its report)", cold),
         "take": ("take (2 buckets)", take),
         "slots": ("acquire + release", slots),
         "budget": ("reserve + settle (1 budget)", one_budget),
@@ -212,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--cases", default="take,slots,budget,calls,request,ping")
+    parser.add_argument("--cases", default="take,slots,budget,calls,request,cold,ping")
     args = parser.parse_args()
     rows = asyncio.run(run(args.calls, args.redis_url, args.cases.split(",")))
 

@@ -9,6 +9,7 @@ meanwhile.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,9 @@ log = logging.getLogger("vkgate.proxy.limits")
 USABLE = 0.75
 """A slice is spent from for this share of its time to live, then synced first: the store
 lapses it only later, even with the replicas' clocks a little apart."""
+CALLS_AT_ONCE = 32
+"""Store calls of one replica in flight at once; more wait their turn. The Redis client's pool
+refuses a call beyond its 100 connections, and would put the replica on its own counters."""
 MIN_PACE_S = 0.0625
 """The shortest time a lease's pace is measured over (a sync right after another)."""
 
@@ -48,6 +52,7 @@ class Syncs:
         self._ttl = ttl_s
         self._stats = stats
         self._entries = entries
+        self._calls = asyncio.Semaphore(CALLS_AT_ONCE)
 
     def tokens(
         self,
@@ -66,8 +71,16 @@ class Syncs:
         free = lease.free()
         keeping = max(0.0, free) if keep is None else keep
         want = need + self._more(lease, now) if need > 0 else 0.0
-        call = self._store.tokens(
-            bucket, lease.name, now, used=spent, keep=keeping, need=need, want=want, ttl=self._ttl
+        call = functools.partial(
+            self._store.tokens,
+            bucket,
+            lease.name,
+            now,
+            used=spent,
+            keep=keeping,
+            need=need,
+            want=want,
+            ttl=self._ttl,
         )
 
         def done(grant: Grant) -> None:
@@ -87,8 +100,16 @@ class Syncs:
         free = max(0, lease.amount - held)
         keeping = free if keep is None else keep
         want = need + int(self._more(lease, now)) if need > 0 else 0
-        call = self._store.slots(
-            slots, lease.name, now, must=held, keep=keeping, need=need, want=want, ttl=self._ttl
+        call = functools.partial(
+            self._store.slots,
+            slots,
+            lease.name,
+            now,
+            must=held,
+            keep=keeping,
+            need=need,
+            want=want,
+            ttl=self._ttl,
         )
 
         def done(grant: Grant) -> None:
@@ -107,7 +128,8 @@ class Syncs:
         keeping = max(0, free) if keep is None else keep
         want = need + int(self._more(lease, now)) if need > 0 else 0
         hold_s = lease.hold_until - now
-        call = self._store.budget(
+        call = functools.partial(
+            self._store.budget,
             bucket,
             lease.name,
             now,
@@ -151,7 +173,7 @@ class Syncs:
     def _syncing(
         self,
         lease: Lease,
-        call: Awaitable[Grant],
+        call: Callable[[], Awaitable[Grant]],
         done: Callable[[Grant], None],
         undo: Callable[[], None] | None,
         closing: bool,
@@ -160,16 +182,17 @@ class Syncs:
         lease.closing = closing
         return self._synced_when(lease, future, call, done, undo)
 
-    @staticmethod
     async def _synced_when(
+        self,
         lease: Lease,
         future: asyncio.Future[Grant],
-        call: Awaitable[Grant],
+        call: Callable[[], Awaitable[Grant]],
         done: Callable[[Grant], None],
         undo: Callable[[], None] | None,
     ) -> Grant:
         try:
-            grant = await call
+            async with self._calls:
+                grant = await call()
         except BaseException as exc:
             if undo is not None:
                 undo()

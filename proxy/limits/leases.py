@@ -394,14 +394,15 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b)
+                    lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b, used_at=now)
                 short.append((lease, b))
         return short
 
-    async def _top_up_tokens(
+    def _top_up_tokens(
         self, short: list[tuple[TokensLease, Bucket]], buckets: Sequence[Bucket], now: float
-    ) -> int | None:
-        """Sync the short leases at once; the index (among `buckets`) of a refusal, if any."""
+    ) -> Awaitable[int | None]:
+        """Start syncing the short leases (each marked as syncing before anything else runs);
+        the awaitable gives the index (among `buckets`) of a refusal, if any."""
         waits: list[Awaitable[Grant]] = []
         started: list[Bucket | None] = []
         for lease, b in short:
@@ -422,13 +423,7 @@ class LeasedCounters:
             need = b.cost - free if b.cost > free else 0.0
             waits.append(self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0))
             started.append(b)
-        refused = None
-        for sent, grant in zip(started, await _all(waits), strict=True):
-            if sent is not None and grant.granted < 0:
-                at = _index_of(buckets, sent)
-                if refused is None or at < refused:
-                    refused = at
-        return refused
+        return _first_refused(waits, started, lambda sent: _index_of(buckets, sent))
 
     def _remaining(self, lease: TokensLease | None, b: Bucket, now: float) -> float:
         """The bucket's level as this replica sees it: the level outside every lease at the
@@ -466,17 +461,17 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    lease = self._slots[s.key] = SlotsLease(self._name(), slots=s)
+                    lease = self._slots[s.key] = SlotsLease(self._name(), slots=s, used_at=now)
                 short.append((lease, s))
         return short
 
-    async def _top_up_slots(
+    def _top_up_slots(
         self,
         short: list[tuple[SlotsLease, Slots]],
         slots: Sequence[Slots],
         request_id: str,
         now: float,
-    ) -> int | None:
+    ) -> Awaitable[int | None]:
         waits: list[Awaitable[Grant]] = []
         started: list[Slots | None] = []
         for lease, s in short:
@@ -494,13 +489,9 @@ class LeasedCounters:
             need = 0 if request_id in lease.held or free >= 1 else 1
             waits.append(self._syncs.slots(lease, now, keep, need))
             started.append(s)
-        refused = None
-        for sent, grant in zip(started, await _all(waits), strict=True):
-            if sent is not None and grant.granted < 0:
-                at = next(i for i, x in enumerate(slots) if x.key == sent.key)
-                if refused is None or at < refused:
-                    refused = at
-        return refused
+        return _first_refused(
+            waits, started, lambda sent: next(i for i, x in enumerate(slots) if x.key == sent.key)
+        )
 
     # Budgets
 
@@ -560,18 +551,18 @@ class LeasedCounters:
                 if short is None:
                     short = []
                 if lease is None:
-                    self._budgets[b.key] = BudgetLease(self._name(), bucket=b)
+                    self._budgets[b.key] = BudgetLease(self._name(), bucket=b, used_at=now)
                 short.append(i)
         return short
 
-    async def _top_up_budgets(
+    def _top_up_budgets(
         self,
         short: list[int],
         budgets: Sequence[BudgetBucket],
         amounts: Sequence[int],
         refusing: list[bool],
         now: float,
-    ) -> None:
+    ) -> Awaitable[None]:
         waits: list[Awaitable[Grant]] = []
         started: list[int] = []
         for i in short:
@@ -593,9 +584,7 @@ class LeasedCounters:
             need = amounts[i] - free if amounts[i] > free else 0
             waits.append(self._syncs.budget(lease, now, keep, need))
             started.append(i)
-        for i, grant in zip(started, await _all(waits), strict=True):
-            if i >= 0 and grant.granted < 0:
-                refusing[i] = True
+        return _mark_refusing(waits, started, refusing)
 
     def _budget_levels(self, budgets: Sequence[BudgetBucket]) -> tuple[int, ...]:
         levels = []
@@ -713,6 +702,27 @@ class LeasedCounters:
     def _name(self) -> str:
         self._leases += 1
         return f"{self._id}.{self._leases}"
+
+
+async def _first_refused(
+    waits: list[Awaitable[Grant]], started: list[T | None], index: Callable[[T], int]
+) -> int | None:
+    """The lowest index of a started sync that was refused, once every sync has answered."""
+    refused = None
+    for sent, grant in zip(started, await _all(waits), strict=True):
+        if sent is not None and grant.granted < 0:
+            at = index(sent)
+            if refused is None or at < refused:
+                refused = at
+    return refused
+
+
+async def _mark_refusing(
+    waits: list[Awaitable[Grant]], started: list[int], refusing: list[bool]
+) -> None:
+    for i, grant in zip(started, await _all(waits), strict=True):
+        if i >= 0 and grant.granted < 0:
+            refusing[i] = True
 
 
 async def _all(waits: Sequence[Awaitable[T]]) -> list[T]:
