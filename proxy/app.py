@@ -160,7 +160,20 @@ def _provider_client(settings: ProxySettings) -> HttpClient:
             total_s=settings.total_timeout_s,
         ),
         user_agent=f"vkgate/{vkgate.__version__}",
+        tls=settings.egress.provider_tls(),
+        egress=settings.egress,
     )
+
+
+def _control_transport(settings: ProxySettings) -> httpx.AsyncBaseTransport:
+    """The road to the control plane, by the same egress rules as provider calls: httpx's own
+    reading of the proxy variables (a client given no transport) would apply other rules, and
+    would send a control plane on loopback to a proxy elsewhere."""
+    proxy = settings.egress.proxy_for_url(settings.controlplane_url)
+    if proxy is None:
+        return httpx.AsyncHTTPTransport()
+    headers = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
+    return httpx.AsyncHTTPTransport(proxy=httpx.Proxy(proxy.url, headers=headers))
 
 
 def _open_spool(settings: ProxySettings, clock: Clock) -> SpendSpool:
@@ -247,7 +260,7 @@ async def _start(
         settings.internal_secret,
         clock,
         timeout_s=settings.controlplane_timeout_s,
-        transport=running.control_transport,
+        transport=running.control_transport or _control_transport(settings),
     )
     stack.push_async_callback(control.close)
     cache = running.cache = AuthCache(
@@ -319,6 +332,8 @@ async def _start(
         # up to 0.7 s each on a busy machine, before; at most 4 ms after).
         gc.collect()
         gc.freeze()
+    if settings.egress.proxied:
+        log.info("provider calls: %s", settings.egress.describe())
     log.info(
         "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",
         os.getpid(),

@@ -236,7 +236,7 @@ class _Walk:
         try:
             reply = await upstream.adapter.send(upstream, operation, body, headers)
         except _CALL_FAILURES as exc:
-            self._failed(upstream, breaker, None, _failure_code(exc))
+            self._failed(upstream, breaker, None, _failure_code(exc), str(exc))
             return None
         status = reply.status
         if status == 429:
@@ -257,7 +257,7 @@ class _Walk:
             try:
                 data = await reply.read()
             except _CALL_FAILURES as exc:
-                self._failed(upstream, breaker, status, _failure_code(exc))
+                self._failed(upstream, breaker, status, _failure_code(exc), str(exc))
                 return None
             finally:
                 reply.close()
@@ -275,7 +275,7 @@ class _Walk:
             first = await _first_chunk(rest)
         except _CALL_FAILURES as exc:
             reply.close()
-            self._failed(upstream, breaker, status, _failure_code(exc))
+            self._failed(upstream, breaker, status, _failure_code(exc), str(exc))
             return None
         except BaseException:
             reply.close()
@@ -289,8 +289,15 @@ class _Walk:
         return _Committed(upstream, reply, first=first, rest=rest)
 
     def _failed(
-        self, upstream: Upstream, breaker: CircuitBreaker, status: int | None, code: ErrorCode
+        self,
+        upstream: Upstream,
+        breaker: CircuitBreaker,
+        status: int | None,
+        code: ErrorCode,
+        reason: str | None = None,
     ) -> None:
+        """`reason`: what the provider client said of a call that got no whole answer (the
+        connection, TLS, a proxy's refusal, a timeout): never the request or the answer."""
         self._outcome.causes.append(_cause(upstream, status, code))
         event(
             log,
@@ -300,6 +307,7 @@ class _Walk:
             provider_id=upstream.provider_id,
             status=status,
             code=code.value,
+            reason=reason,
         )
         if breaker.failed():
             _breaker_opened(upstream)

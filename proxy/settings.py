@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.egress import Egress, egress_from_env
 from proxy.spend.spool import REPLICA_ID, FullPolicy
 from vkgate import env as E
 
@@ -103,6 +104,9 @@ class ProxySettings:
     budget_default_output_tokens: int = 4096
     """Output a budget reserves for a request naming no `max_tokens`, when the model's own
     output cap is unknown."""
+    egress: Egress = field(default_factory=Egress)
+    """How provider calls (and the control plane's) leave: directly or through an HTTP proxy,
+    and the CA bundle provider certificates are checked against (proxy/egress.py)."""
 
     @property
     def client_limits(self) -> ClientLimits:
@@ -178,6 +182,7 @@ class ProxySettings:
             budget_default_output_tokens=E.integer(
                 env, "VKGATE_BUDGET_DEFAULT_OUTPUT_TOKENS", 4096, minimum=1
             ),
+            egress=egress_from_env(env),
         )
 
 

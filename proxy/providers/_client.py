@@ -17,6 +17,11 @@ at a time, so `VKGATE_MAX_IN_FLIGHT` bounds them.
 The read and total timeouts are checked by one ticker per client while answers are in flight,
 every quarter of the shorter of the two (at most every second), rather than by a timer per
 call (3 µs a call to set and cancel): a timeout fires up to that much late.
+
+Through an HTTP proxy (`proxy.egress`), an http:// call is sent to the proxy in absolute form
+with the proxy's credentials, and an https:// call goes through a CONNECT tunnel
+(`_tunnel`); either way connections are pooled per origin and per proxy, and what the egress
+decides for a URL is worked out once, with the rest of the URL's request line.
 """
 
 from __future__ import annotations
@@ -27,14 +32,19 @@ import ssl
 from collections.abc import Mapping
 from urllib.parse import quote, urlsplit
 
+from proxy.egress import Egress, ProxyServer
 from proxy.providers._connection import Connection, Response, StaleConnection, Timeouts
+from proxy.providers._tunnel import open_tunnel, refusal
 from proxy.providers.base import ProviderTimeout, ProviderUnreachable
 from vkgate.logs import event
 
 log = logging.getLogger("vkgate.proxy.providers")
 
-Origin = tuple[str, str, int]
-"""Scheme, host and port: connections to one origin are interchangeable."""
+Origin = tuple[str, str, int, str]
+"""Scheme, host, port and the proxy's address ("" for none): connections with one origin are
+interchangeable."""
+
+_DIRECT = Egress()
 
 _MAX_TARGETS = 4096
 """URLs whose request line is remembered (a few per credential)."""
@@ -51,24 +61,29 @@ _FRAMING = frozenset(
         "trailer",
         "upgrade",
         "accept-encoding",
+        "proxy-authorization",
+        "proxy-connection",
     )
 )
 """Headers that say how the request is framed, carried and encoded: the client's to write, so
 a credential's extra headers cannot set them (a second length or chunking would have the
 provider read the connection's next request out of this one's body; an encoding the client
-cannot decode would make every answer unreadable)."""
+cannot decode would make every answer unreadable; the proxy's credentials are the egress's)."""
 
 
 class _Target:
-    __slots__ = ("host_line", "origin", "request_line")
+    __slots__ = ("host_line", "origin", "proxy", "request_line")
 
-    def __init__(self, origin: Origin, request_line: bytes, host_line: bytes) -> None:
+    def __init__(
+        self, origin: Origin, request_line: bytes, host_line: bytes, proxy: ProxyServer | None
+    ) -> None:
         self.origin = origin
         self.request_line = request_line
         self.host_line = host_line
+        self.proxy = proxy
 
 
-def _target(url: str) -> _Target:
+def _target(url: str, egress: Egress) -> _Target:
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -95,10 +110,19 @@ def _target(url: str) -> _Target:
     path = quote(parts.path or "/", safe=_PATH_SAFE)
     if parts.query:
         path += "?" + quote(parts.query, safe=_PATH_SAFE)
+    proxy = egress.proxy_for(scheme, host, port)
+    request_line = f"POST {path} HTTP/1.1\r\n"
+    if proxy is not None and scheme == "http":
+        # Forwarded by the proxy: the request names its whole URL, and carries the proxy's
+        # credentials (a tunnelled https call gave them to CONNECT instead).
+        request_line = f"POST http://{named}{path} HTTP/1.1\r\n"
+        if proxy.authorization is not None:
+            request_line += f"proxy-authorization: {proxy.authorization}\r\n"
     return _Target(
-        (scheme, host, port),
-        f"POST {path} HTTP/1.1\r\n".encode("ascii"),
+        (scheme, host, port, proxy.address if proxy is not None else ""),
+        request_line.encode("ascii"),
         f"host: {named}\r\n".encode("ascii"),
+        proxy,
     )
 
 
@@ -112,13 +136,16 @@ class HttpClient:
         user_agent: str,
         keepalive_s: float = 60.0,
         tls: ssl.SSLContext | None = None,
+        egress: Egress = _DIRECT,
     ) -> None:
         self._timeouts = timeouts
+        self._user_agent = user_agent
         self._agent_line = f"user-agent: {user_agent}\r\n"
         # As aiohttp sent them before this client: compressed answers are decoded here.
         self._accept_lines = "accept: */*\r\naccept-encoding: gzip, deflate\r\n"
         self._keepalive_s = keepalive_s
         self._tls = tls
+        self._egress = egress
         self._targets: dict[str, _Target] = {}
         self._idle: dict[Origin, list[Connection]] = {}
         self._open: set[Connection] = set()
@@ -142,19 +169,27 @@ class HttpClient:
             target = self._remember(url)
         head = self._head(target, headers, len(body))
         connection = self._reuse(target.origin)
+        response = None
         if connection is not None:
             self._watch_time(loop)
             try:
-                return await connection.request((head, body), deadline, self._timeouts)
+                response = await connection.request((head, body), deadline, self._timeouts)
             except StaleConnection:
                 # The provider never read it: once more, on a new connection.
                 if self._closed:
                     raise
-                _, host, port = target.origin
+                _, host, port, _ = target.origin
                 event(log, "provider_connection_replaced", address=f"{host}:{port}")
-        connection = await self._connect(target.origin)
-        self._watch_time(loop)
-        return await connection.request((head, body), deadline, self._timeouts)
+        if response is None:
+            connection = await self._connect(target)
+            self._watch_time(loop)
+            response = await connection.request((head, body), deadline, self._timeouts)
+        if response.status == 407 and target.proxy is not None:
+            # The forwarding proxy's own answer, not the provider's: no provider saw the call.
+            response.close()
+            _, host, port, _ = target.origin
+            raise refusal(target.proxy, host, port, 407, "Proxy Authentication Required")
+        return response
 
     def _watch_time(self, loop: asyncio.AbstractEventLoop) -> None:
         """Have the ticker running: called right before an answer is awaited, with no turn of
@@ -181,7 +216,7 @@ class HttpClient:
                 self._ticker = loop.call_later(self._tick_s, self._tick)
 
     def _remember(self, url: str) -> _Target:
-        target = _target(url)
+        target = _target(url, self._egress)
         if len(self._targets) >= _MAX_TARGETS:
             self._targets.clear()
         self._targets[url] = target
@@ -224,27 +259,37 @@ class HttpClient:
             connection.abort()
         return None
 
-    async def _connect(self, origin: Origin) -> Connection:
-        scheme, host, port = origin
+    async def _connect(self, target: _Target) -> Connection:
+        origin, proxy = target.origin, target.proxy
+        scheme, host, port, _ = origin
         loop = self._loop
         assert loop is not None
         tls = self._tls_context() if scheme == "https" else None
+
+        def make() -> Connection:
+            return Connection(origin, loop, self._settle)
+
         try:
             async with asyncio.timeout(self._timeouts.connect_s):
-                _, connection = await loop.create_connection(
-                    lambda: Connection(origin, loop, self._settle),
-                    host,
-                    port,
-                    ssl=tls,
-                    server_hostname=host if tls is not None else None,
-                )
+                if proxy is None:
+                    _, connection = await loop.create_connection(
+                        make, host, port, ssl=tls, server_hostname=host if tls is not None else None
+                    )
+                elif tls is None:
+                    _, connection = await loop.create_connection(make, proxy.host, proxy.port)
+                else:
+                    connection = await open_tunnel(
+                        loop, proxy, host, port, tls, make, self._user_agent
+                    )
         except TimeoutError:
             raise ProviderTimeout(
-                f"no connection to {host}:{port} within {self._timeouts.connect_s:g} s"
+                f"no connection to {host}:{port}{_via(proxy)} within {self._timeouts.connect_s:g} s"
             ) from None
         except (OSError, UnicodeError) as exc:
             # UnicodeError: a host name the resolver cannot encode (an empty or long label).
-            raise ProviderUnreachable(f"cannot connect to {host}:{port}: {exc}") from None
+            raise ProviderUnreachable(
+                f"cannot connect to {host}:{port}{_via(proxy)}: {exc}"
+            ) from None
         if self._closed:
             connection.abort()
             raise ProviderUnreachable("the proxy is shutting down")
@@ -308,3 +353,7 @@ class HttpClient:
         for connection in list(self._open):
             connection.abort()
         self._open.clear()
+
+
+def _via(proxy: ProxyServer | None) -> str:
+    return "" if proxy is None else f" through the proxy {proxy.address} ({proxy.variable})"

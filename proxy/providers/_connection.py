@@ -97,7 +97,8 @@ class StaleConnection(ProviderUnreachable):
 
 
 class Connection(asyncio.Protocol):
-    """A kept-alive connection to one origin; carries one request at a time."""
+    """A kept-alive connection to one origin (through one proxy, or none); carries one request at
+    a time."""
 
     __slots__ = (
         "_loop",
@@ -115,7 +116,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(
         self,
-        origin: tuple[str, str, int],
+        origin: tuple[str, str, int, str],
         loop: asyncio.AbstractEventLoop,
         release: Callable[[Connection], None],
     ):

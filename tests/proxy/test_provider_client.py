@@ -48,8 +48,9 @@ def json_answer(body: bytes = b'{"ok":true}', extra: bytes = b"") -> Answer:
 class Scripted:
     """A loopback HTTP/1.1 server: each request it reads gets the next scripted answer."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer, tls: ssl.SSLContext | None = None) -> None:
         self.answers = list(answers)
+        self.tls = tls
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
         self.closed_connections = 0
@@ -62,10 +63,10 @@ class Scripted:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> Scripted:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -92,7 +93,7 @@ class Scripted:
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
                     break
                 length = 0
                 for line in head.split(b"\r\n"):
