@@ -1,12 +1,11 @@
 """What the proxy adds on top of its upstream: requests per second and added latency.
 
-Starts a fixed-answer nginx upstream, a control plane and a proxy (uvicorn or granian, one
-worker), creates a key routed to the upstream, then loads the upstream directly and through
+Starts a fixed-answer nginx upstream, a control plane and a proxy (one worker), creates a key routed to the upstream, then loads the upstream directly and through
 the proxy with wrk at each concurrency and prints one table. Everything runs on loopback,
 every step is bounded by wrk's duration, and only the processes started here are stopped.
 
     .venv/bin/python bench/proxy_overhead.py                       # uvicorn, c=1,16,64, 10 s
-    .venv/bin/python bench/proxy_overhead.py --servers uvicorn,granian --duration 5
+    .venv/bin/python bench/proxy_overhead.py --duration 5 --concurrency 1,16
     .venv/bin/python bench/proxy_overhead.py --governance none,local,redis
 
 `--governance` picks the keys measured: `none` (no limits, no budget), `local` (a key with rpm,
@@ -69,7 +68,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", default="10s", help="wrk duration per run (default 10s)")
     parser.add_argument("--concurrency", default="1,16,64")
-    parser.add_argument("--servers", default="uvicorn", help="comma list of uvicorn, granian")
     parser.add_argument("--stream-concurrency", default="1,16", help="empty to skip streams")
     parser.add_argument(
         "--governance", default="none", help="comma list of none, local, redis (keys measured)"
@@ -101,30 +99,26 @@ def main() -> None:
             args.duration,
             env,
         )
-        for server in args.servers.split(","):
-            for mode in modes:
-                extra = {
-                    "VKGATE_PROXY_SERVER": server,
-                    **dict(setting.split("=", 1) for setting in args.proxy_env),
-                }
-                if extra.get("VKGATE_PROXY_WORKERS", "1") != "1":
-                    # Several workers serve no metrics (each would count alone).
-                    extra["VKGATE_METRICS_ADDR"] = "off"
-                if mode == "redis":
-                    extra["VKGATE_REDIS_URL"] = args.redis_url
-                name = f"vkgate ({server})" if mode == "none" else f"vkgate ({server}, {mode})"
-                with stack.proxy(services.work, env, extra, f"proxy-{server}-{mode}") as proxy:
-                    url = f"{proxy.url}/v1/chat/completions"
-                    measure(
-                        rows,
-                        name,
-                        {"plain": url, "stream": url},
-                        plain_key if mode == "none" else governed_key,
-                        concurrencies,
-                        stream_concurrencies,
-                        args.duration,
-                        env,
-                    )
+        for mode in modes:
+            extra = dict(setting.split("=", 1) for setting in args.proxy_env)
+            if extra.get("VKGATE_PROXY_WORKERS", "1") != "1":
+                # Several workers serve no metrics (each would count alone).
+                extra["VKGATE_METRICS_ADDR"] = "off"
+            if mode == "redis":
+                extra["VKGATE_REDIS_URL"] = args.redis_url
+            name = "vkgate" if mode == "none" else f"vkgate ({mode})"
+            with stack.proxy(services.work, env, extra, f"proxy-{mode}") as proxy:
+                url = f"{proxy.url}/v1/chat/completions"
+                measure(
+                    rows,
+                    name,
+                    {"plain": url, "stream": url},
+                    plain_key if mode == "none" else governed_key,
+                    concurrencies,
+                    stream_concurrencies,
+                    args.duration,
+                    env,
+                )
     print_table(rows)
 
 

@@ -43,33 +43,15 @@ def from_environment() -> Litestar:
     settings = ProxySettings.from_env(env)
     return_large_blocks(env)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    # A worker process started by the server (workers > 1, granian) has not inherited the
-    # logging set-up of the process that ran `vkgate proxy`.
+    # A worker process (VKGATE_PROXY_WORKERS above 1) has not inherited the logging set-up of
+    # the process that ran `vkgate proxy`.
     configure_logging(settings.log_level, settings.log_format)
     return create_app(settings, freeze_heap=True)
 
 
 def serve(settings: ProxySettings) -> None:
-    """Run the proxy in the foreground with the server `VKGATE_PROXY_SERVER` names.
-
-    uvicorn (uvloop, httptools) is the default: it measured the lower latency at low
-    concurrency; granian is the option for throughput at high concurrency (bench/README.md).
-    """
-    if settings.server == "granian":
-        from granian.constants import Interfaces, Loops
-        from granian.server import Server
-
-        Server(
-            FACTORY,
-            address=settings.host,
-            port=settings.port,
-            interface=Interfaces.ASGI,
-            workers=settings.workers,
-            loop=Loops.uvloop,
-            factory=True,
-            log_access=False,
-        ).serve()
-        return
+    """Run the proxy in the foreground on uvicorn (uvloop, and the proxy's own HTTP/1.1
+    protocol over httptools), in one process or `VKGATE_PROXY_WORKERS` of them."""
     options: dict[str, Any] = {
         "app": FACTORY,
         "factory": True,

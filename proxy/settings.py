@@ -15,7 +15,6 @@ DEFAULT_ADDR = "127.0.0.1:5563"
 DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 DEFAULT_CONTROLPLANE_URL = "http://127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-SERVERS = ("uvicorn", "granian")
 DEFAULT_SPOOL_MAX_BYTES = 1024**3
 MIN_SPOOL_MAX_BYTES = 1024**2
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
@@ -59,7 +58,6 @@ class ProxySettings:
     circuit_threshold: int = 10
     circuit_window_s: float = 30.0
     circuit_cooldown_s: float = 60.0
-    server: str = "uvicorn"
     workers: int = 1
     log_level: str = "INFO"
     log_format: str = "json"
@@ -119,9 +117,7 @@ class ProxySettings:
         url = (E.string(env, "VKGATE_CONTROLPLANE_URL") or DEFAULT_CONTROLPLANE_URL).rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise E.SettingError(f"VKGATE_CONTROLPLANE_URL must be an http(s) URL, got {url!r}")
-        server = (E.string(env, "VKGATE_PROXY_SERVER") or "uvicorn").lower()
-        if server not in SERVERS:
-            raise E.SettingError(f"VKGATE_PROXY_SERVER must be uvicorn or granian, got {server!r}")
+        _check_server(env)
         workers = E.integer(env, "VKGATE_PROXY_WORKERS", 1, minimum=1)
         metrics_host, metrics_port = _metrics_address(env, workers)
         return cls(
@@ -148,7 +144,6 @@ class ProxySettings:
             circuit_threshold=E.integer(env, "VKGATE_CIRCUIT_THRESHOLD", 10, minimum=1),
             circuit_window_s=_seconds(env, "VKGATE_CIRCUIT_WINDOW_S", 30.0),
             circuit_cooldown_s=_seconds(env, "VKGATE_CIRCUIT_COOLDOWN_S", 60.0),
-            server=server,
             workers=workers,
             log_level=E.log_level(env),
             log_format=E.log_format(env),
@@ -184,6 +179,21 @@ class ProxySettings:
             ),
             egress=egress_from_env(env),
         )
+
+
+def _check_server(env: Mapping[str, str]) -> None:
+    """`VKGATE_PROXY_SERVER` is read only to refuse what it no longer offers: the proxy always
+    runs on uvicorn, under its own HTTP/1.1 protocol (proxy/http1/)."""
+    server = (E.string(env, "VKGATE_PROXY_SERVER") or "uvicorn").lower()
+    if server == "granian":
+        raise E.SettingError(
+            "VKGATE_PROXY_SERVER=granian is no longer offered: granian cannot bound how long a "
+            "request's body takes to arrive (VKGATE_CLIENT_READ_TIMEOUT_SECONDS), so a slow "
+            "client could hold a request slot for good; unset VKGATE_PROXY_SERVER (the proxy "
+            "runs on uvicorn; VKGATE_PROXY_WORKERS adds processes)"
+        )
+    if server != "uvicorn":
+        raise E.SettingError(f"VKGATE_PROXY_SERVER can only be uvicorn (or unset), got {server!r}")
 
 
 def _metrics_address(env: Mapping[str, str], workers: int) -> tuple[str, int | None]:

@@ -453,7 +453,7 @@ def configure(level: str, log_format: str = "json") -> None:
     handler = BufferedLines(sys.stderr, BATCHED_LOGGERS)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
-    for name in ("uvicorn", "uvicorn.error", "granian", "_granian"):
+    for name in ("uvicorn", "uvicorn.error"):
         server_logger = logging.getLogger(name)
         server_logger.handlers.clear()
         server_logger.propagate = True

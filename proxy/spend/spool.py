@@ -27,7 +27,7 @@ Sequence numbers run from 1 per replica without gaps across restarts: the `seq` 
 segment was shipped and deleted; at start-up the sequence continues after the highest of it and
 of the records left in `.open` files.
 
-Several processes may share one spool directory (uvicorn or granian workers, two proxies started
+Several processes may share one spool directory (a proxy's workers, two proxies started
 in the same place): each takes the first replica directory whose lock is free (`<id>`, then
 `<id>-1`, `<id>-2`, …), so a restarted worker usually finds its own directory again, with its
 sequence. A directory no live process holds (fewer workers than before, or a replica id that

@@ -659,7 +659,7 @@ def test_extra_settings_reach_the_container(chart: helm.Chart) -> None:
         STORES,
         {
             "proxy": {
-                "env": {"VKGATE_MAX_IN_FLIGHT": "4096", "VKGATE_PROXY_SERVER": "granian"},
+                "env": {"VKGATE_MAX_IN_FLIGHT": "4096", "VKGATE_INVALID_KEYS_PER_MINUTE": "5"},
                 "extraEnv": [
                     {
                         "name": "VKGATE_TELEMETRY_KEY",
@@ -676,4 +676,4 @@ def test_extra_settings_reach_the_container(chart: helm.Chart) -> None:
     settings = ProxySettings.from_env(
         resolved_env(manifests, "Deployment", PROXY, {("telemetry", "key"): "t" * 40})
     )
-    assert (settings.max_in_flight, settings.server) == (4096, "granian")
+    assert (settings.max_in_flight, settings.invalid_keys_per_minute) == (4096, 5)
