@@ -11,10 +11,11 @@ from litestar import Litestar
 from proxy.app import create_app
 from proxy.http1 import OneWriteHttpToolsProtocol
 from proxy.settings import ProxySettings
-from proxy.workers import Workers, WorkersError
+from proxy.workers import STARTUP_FAILURE, Workers, WorkersError
 from vkgate import env as E
 from vkgate.logs import configure as configure_logging
 from vkgate.malloc import return_large_blocks
+from vkgate.stopping import returning_server
 
 FACTORY = "proxy.main:from_environment"
 HTTP_OPTIONS: dict[str, Any] = {
@@ -51,7 +52,8 @@ def from_environment() -> Litestar:
 
 def serve(settings: ProxySettings) -> None:
     """Run the proxy in the foreground on uvicorn (uvloop, and the proxy's own HTTP/1.1
-    protocol over httptools), in one process or `VKGATE_PROXY_WORKERS` of them."""
+    protocol over httptools), in one process or `VKGATE_PROXY_WORKERS` of them, until SIGTERM
+    or SIGINT has drained it: the process then exits with 0."""
     options: dict[str, Any] = {
         "app": FACTORY,
         "factory": True,
@@ -82,4 +84,7 @@ def serve(settings: ProxySettings) -> None:
         return
     import uvicorn
 
-    uvicorn.run(host=settings.host, port=settings.port, **options)
+    server = returning_server(uvicorn.Config(host=settings.host, port=settings.port, **options))
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from vkgate.logs import event
+from vkgate.stopping import returning_server
 
 log = logging.getLogger("vkgate.proxy")
 
@@ -79,7 +80,7 @@ def run_worker(host: str, port: int, options: dict[str, Any]) -> None:
     except OSError as exc:
         print(f"proxy worker cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         sys.exit(STARTUP_FAILURE)
-    server = uvicorn.Server(uvicorn.Config(**options, host=host, port=port, workers=1))
+    server = returning_server(uvicorn.Config(**options, host=host, port=port, workers=1))
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)

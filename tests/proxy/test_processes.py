@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -24,6 +25,7 @@ from tests.support.api import ADMIN
 from tests.support.databases import postgres_database
 from tests.support.env import INTERNAL_SECRET, secrets_env
 from tests.support.processes import (
+    EXIT_TIMEOUT_S,
     READY_TIMEOUT_S,
     Service,
     clean_env,
@@ -320,7 +322,9 @@ def test_proxy_health_reports_the_control_plane(deployment: Deployment) -> None:
         assert isinstance(body["controlplane"]["revision"], int)
 
 
-def test_proxy_with_two_workers_answers_requests(deployment: Deployment, tenant: Tenant) -> None:
+def test_proxy_with_two_workers_answers_requests_and_exits_0_on_sigterm(
+    deployment: Deployment, tenant: Tenant
+) -> None:
     key = new_key(deployment.controlplane, tenant)
     with proxy_process(
         deployment.controlplane.url,
@@ -332,6 +336,10 @@ def test_proxy_with_two_workers_answers_requests(deployment: Deployment, tenant:
         assert httpx.get(f"{proxy.url}/healthz", timeout=5).status_code == 200
         for _ in range(4):
             assert_completes(proxy, key.key)
+        proxy.process.send_signal(signal.SIGTERM)
+        # Each worker drains, then the parent that stopped them exits: cleanly, so with 0.
+        code = proxy.process.wait(timeout=3 * EXIT_TIMEOUT_S)
+    assert code == 0, proxy.output()
     wait_until_closed(proxy.url)  # the worker processes went with it
 
 

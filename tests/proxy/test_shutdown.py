@@ -135,9 +135,8 @@ async def test_sigterm_lets_a_stream_in_progress_finish_and_exits_cleanly(
             fake_openai.stream_events, fake_openai.stream_gate = 0, None
             stop(proxy.process)
     assert received.rstrip().endswith(b"data: [DONE]"), received[-200:]
-    # uvicorn ends by raising the stop signal again once it has shut down, so the process's
-    # parent sees the ordinary "ended by SIGTERM" (0 would be as good).
-    assert code in (0, -signal.SIGTERM), proxy.output()
+    # A stop that drained cleanly is a success, as the control plane's is: exit status 0.
+    assert code == 0, proxy.output()
     names = [record["event"] for record in events(proxy.log)]
     assert "shutdown_started" in names and "shutdown_completed" in names, proxy.output()
     started = names.index("shutdown_started")

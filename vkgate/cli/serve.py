@@ -21,6 +21,7 @@ import click
 from vkgate import env as E
 from vkgate.cli._client import SECRETS_FILE
 from vkgate.logs import configure as configure_logging
+from vkgate.stopping import signals_to
 
 if TYPE_CHECKING:
     import uvicorn
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
     from proxy.settings import ProxySettings
 
 T = TypeVar("T")
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # What `vkgate up` generates on first run, so a new user needs no set-up at all.
 GENERATED: dict[str, Callable[[], str]] = {
@@ -148,12 +147,8 @@ def _supervising(config: uvicorn.Config, child: subprocess.Popen[bytes] | None) 
             # uvicorn's own version raises the signal again once the server has stopped, which
             # would end this process by SIGTERM (before it has waited for any child) after a
             # shutdown that went well.
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
-            try:
+            with signals_to(self.handle_exit):
                 yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
 
     return Supervising(config)
 
