@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from proxy.app import create_app
 from proxy.spend import estimate
 from proxy.spend.estimate import EXACT_CHARS, approximate_tokens, estimate_tokens, tokenizer_name
-from tests.proxy.conftest import proxy_settings
+from tests.proxy.conftest import CHAT_ALIAS, make_tenant, proxy_settings, serve_proxy
+from tests.support.clock import ManualClock
+from tests.support.fake_openai import FakeOpenAI
 
 SAMPLES = {
     "english": (
@@ -125,3 +130,50 @@ async def test_the_tokenizer_is_loaded_in_a_thread_before_the_proxy_is_ready(
         assert len(loaded_on) == 1 and loaded_on[0] != threading.current_thread().name
         assert estimate_tokens("hello there") > 0
         assert len(loaded_on) == 1
+
+
+async def test_a_request_estimated_at_its_end_loads_no_tokenizer_on_the_event_loop(
+    app: Litestar,
+    client: httpx.AsyncClient,
+    clock: ManualClock,
+    fake_openai: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop_thread = threading.current_thread()
+    loaded_on: list[threading.Thread] = []
+    load = estimate._cl100k
+
+    def loading() -> object:
+        loaded_on.append(threading.current_thread())
+        return load()
+
+    monkeypatch.setattr(estimate, "_cl100k", loading)
+    estimate._counter.cache_clear()
+    tenant = await make_tenant(client, fake_openai.url, fake_openai.api_key)
+    async with serve_proxy(app, clock, proxy_settings()) as proxy:
+        assert len(loaded_on) == 1 and loaded_on[0] is not loop_thread  # at start-up, in a thread
+        counted_on: list[threading.Thread] = []
+        counter = estimate._counter
+
+        def counting() -> Callable[[str], int]:
+            counted_on.append(threading.current_thread())
+            return counter()
+
+        monkeypatch.setattr(estimate, "_counter", counting)
+        # A stream its client leaves before the usage event: the gateway estimates the output.
+        fake_openai.stream_events = 500
+        fake_openai.chunk_delay_s = 0.01
+        async with proxy.openai(tenant.key) as sdk:
+            stream = await sdk.chat.completions.create(
+                model=CHAT_ALIAS, messages=[{"role": "user", "content": "hello"}], stream=True
+            )
+            await anext(aiter(stream))
+            await stream.close()
+        await asyncio.wait_for(fake_openai.stream_cancelled.wait(), 5)
+        for _ in range(1000):  # the record is written as the request ends, a few turns on
+            if counted_on:
+                break
+            await asyncio.sleep(0.005)
+    # The first estimate ran on the event loop and loaded nothing: the tokenizer was there.
+    assert counted_on and counted_on[0] is loop_thread
+    assert len(loaded_on) == 1
