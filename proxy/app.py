@@ -169,11 +169,7 @@ def _control_transport(settings: ProxySettings) -> httpx.AsyncBaseTransport:
     """The road to the control plane, by the same egress rules as provider calls: httpx's own
     reading of the proxy variables (a client given no transport) would apply other rules, and
     would send a control plane on loopback to a proxy elsewhere."""
-    proxy = settings.egress.proxy_for_url(settings.controlplane_url)
-    if proxy is None:
-        return httpx.AsyncHTTPTransport()
-    headers = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
-    return httpx.AsyncHTTPTransport(proxy=httpx.Proxy(proxy.url, headers=headers))
+    return httpx.AsyncHTTPTransport(proxy=settings.egress.httpx_proxy(settings.controlplane_url))
 
 
 def _open_spool(settings: ProxySettings, clock: Clock) -> SpendSpool:

@@ -17,9 +17,13 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from vkgate.env import SettingError
+
+if TYPE_CHECKING:
+    import httpx
 
 CA_BUNDLE = "VKGATE_PROVIDER_CA_BUNDLE"
 
@@ -107,6 +111,17 @@ class Egress:
         parts = urlsplit(url)
         scheme, host = parts.scheme.lower(), parts.hostname or ""
         return self.proxy_for(scheme, host, parts.port or (443 if scheme == "https" else 80))
+
+    def httpx_proxy(self, url: str) -> httpx.Proxy | None:
+        """`proxy_for_url` as httpx takes it, for the clients that call the control plane: given
+        to their transport, so that httpx does not read the variables by its own rules."""
+        proxy = self.proxy_for_url(url)
+        if proxy is None:
+            return None
+        import httpx
+
+        auth = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
+        return httpx.Proxy(proxy.url, headers=auth)
 
     def provider_tls(self) -> ssl.SSLContext | None:
         """The TLS context for provider calls when a CA bundle is set; None: the system's

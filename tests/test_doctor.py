@@ -796,6 +796,28 @@ def test_a_proxy_only_machine_passes_and_service_proxy_skips_the_control_planes_
     assert only["spool directory"]["status"] == "ok"
 
 
+def test_doctor_reaches_the_control_plane_the_way_the_proxy_does_through_its_egress(
+    controlplane: tuple[Service, Path], tmp_path: Path
+) -> None:
+    service, _ = controlplane
+    nothing_there = f"http://127.0.0.1:{free_port()}"
+    env = clean_env(
+        VKGATE_HOME=str(tmp_path),
+        VKGATE_CONTROLPLANE_URL=service.url,
+        VKGATE_INTERNAL_SECRET=INTERNAL_SECRET,
+        # An egress proxy that is down: the proxy calls its control plane on loopback
+        # directly, and so does doctor (httpx's own reading of these would not).
+        HTTP_PROXY=nothing_there,
+        HTTPS_PROXY=nothing_there,
+    )
+
+    status, found = checks(env, "--service", "proxy")
+
+    assert status == 0, found
+    assert found["control plane"]["status"] == "ok"
+    assert found["internal API"]["status"] == "ok"
+
+
 def test_service_controlplane_skips_the_proxys_checks_and_signs_with_its_own_secret(
     machine: dict[str, str],
 ) -> None:

@@ -89,9 +89,15 @@ def _controlplane_checks(
     # Both services hold the same internal secret; only those in `scope` were read, so with
     # --service controlplane this is the control plane's.
     settings = config.proxy or config.controlplane
+    # The way the proxy goes there: through the egress proxy its settings name, or directly
+    # (never by httpx's own reading of the proxy variables).
+    proxy = config.proxy.egress.httpx_proxy(target) if config.proxy is not None else None
     try:
         with httpx.Client(
-            base_url=target, timeout=timeout_s, headers={"User-Agent": "vkgate-doctor"}
+            base_url=target,
+            timeout=timeout_s,
+            headers={"User-Agent": "vkgate-doctor"},
+            transport=httpx.HTTPTransport(proxy=proxy),
         ) as http:
             reached, live = check_controlplane(http)
             if not live:
