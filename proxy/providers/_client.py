@@ -72,7 +72,7 @@ cannot decode would make every answer unreadable; the proxy's credentials are th
 
 
 class _Target:
-    __slots__ = ("host_line", "origin", "proxy", "request_line")
+    __slots__ = ("forwarder", "host_line", "origin", "proxy", "request_line")
 
     def __init__(
         self, origin: Origin, request_line: bytes, host_line: bytes, proxy: ProxyServer | None
@@ -81,6 +81,9 @@ class _Target:
         self.request_line = request_line
         self.host_line = host_line
         self.proxy = proxy
+        self.forwarder = proxy if origin[0] == "http" else None
+        """The proxy that answers this URL's requests itself when it refuses them (an http://
+        call it forwards); inside a tunnel, only the provider answers."""
 
 
 def _target(url: str, egress: Egress) -> _Target:
@@ -184,11 +187,11 @@ class HttpClient:
             connection = await self._connect(target)
             self._watch_time(loop)
             response = await connection.request((head, body), deadline, self._timeouts)
-        if response.status == 407 and target.proxy is not None:
+        if response.status == 407 and target.forwarder is not None:
             # The forwarding proxy's own answer, not the provider's: no provider saw the call.
             response.close()
             _, host, port, _ = target.origin
-            raise refusal(target.proxy, host, port, 407, "Proxy Authentication Required")
+            raise refusal(target.forwarder, host, port, 407, "Proxy Authentication Required")
         return response
 
     def _watch_time(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -312,6 +312,20 @@ async def test_a_forwarding_proxys_407_is_a_failure_not_the_providers_answer(ca:
             await http.close()
 
 
+async def test_inside_a_tunnel_any_status_is_the_providers_own_answer(
+    ca: TestCA, provider: Scripted
+) -> None:
+    answer = b"HTTP/1.1 407 Odd\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    provider.answers.append(lambda writer: _write(writer, answer))
+    async with ConnectProxy(hosts={PROVIDER: "127.0.0.1"}) as proxy:
+        http = client(egress(ca, HTTPS_PROXY=proxy.url))
+        try:
+            reply = await http.post(f"https://{PROVIDER}:{provider.port}/x", BODY, {})
+            assert (reply.status, await reply.read()) == (407, b"{}")
+        finally:
+            await http.close()
+
+
 async def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
     writer.write(data)
     await writer.drain()
