@@ -328,7 +328,7 @@ async def _start(
         # up to 0.7 s each on a busy machine, before; at most 4 ms after).
         gc.collect()
         gc.freeze()
-    if settings.egress.proxied:
+    if settings.egress.configured:
         log.info("provider calls: %s", settings.egress.describe())
     log.info(
         "proxy pid %d ready; control plane %s; spend spool %s (replica %s)",

@@ -102,15 +102,20 @@ class Egress:
         return proxy
 
     @property
-    def proxied(self) -> bool:
+    def configured(self) -> bool:
         """Whether anything is set that changes how calls leave."""
         return bool(self.http_proxy or self.https_proxy or self.ca_bundle)
 
     def proxy_for_url(self, url: str) -> ProxyServer | None:
-        """`proxy_for` an http(s) URL (settings have checked it is one)."""
+        """`proxy_for` an http(s) URL (settings have checked it is one); a URL whose port cannot
+        be read goes direct, to fail there with the client's own message."""
         parts = urlsplit(url)
         scheme, host = parts.scheme.lower(), parts.hostname or ""
-        return self.proxy_for(scheme, host, parts.port or (443 if scheme == "https" else 80))
+        try:
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError:
+            return None
+        return self.proxy_for(scheme, host, port)
 
     def httpx_proxy(self, url: str) -> httpx.Proxy | None:
         """`proxy_for_url` as httpx takes it, for the clients that call the control plane: given

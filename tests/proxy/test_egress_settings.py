@@ -124,7 +124,7 @@ def test_a_malformed_no_proxy_is_refused_when_a_proxy_is_set_and_ignored_when_no
         egress_from_env({"HTTPS_PROXY": "proxy:3128", "no_proxy": "localhost,<local>"})
     with pytest.raises(SettingError, match="NO_PROXY holds 'host:99999', whose port"):
         egress_from_env({"HTTPS_PROXY": "proxy:3128", "NO_PROXY": "host:99999"})
-    assert egress_from_env({"no_proxy": "<local>"}).proxied is False
+    assert egress_from_env({"no_proxy": "<local>"}).configured is False
 
 
 def test_the_ca_bundle_must_be_a_pem_file_of_certificates(tmp_path: Path) -> None:
@@ -168,5 +168,6 @@ def test_the_proxy_settings_read_the_proxy_variables_and_still_refuse_unknown_vk
     with pytest.raises(SettingError, match="VKGATE_PROVIDER_CA_BUNDEL is not a vkgate setting"):
         ProxySettings.from_env({**env, "VKGATE_PROVIDER_CA_BUNDEL": str(ca.bundle)})
     assert (
-        ProxySettings.from_env({"VKGATE_INTERNAL_SECRET": INTERNAL_SECRET}).egress.proxied is False
+        ProxySettings.from_env({"VKGATE_INTERNAL_SECRET": INTERNAL_SECRET}).egress.configured
+        is False
     )
