@@ -210,7 +210,7 @@ class TestLeftBehind:
         assert (len(stepped.records), stepped.corrupt, stepped.torn) == (4, 1, 20)
 
     async def test_a_segment_read_for_shipping_lets_requests_run_between_steps(
-        self, tmp_path: Path, clock: SteppedClock
+        self, tmp_path: Path, clock: SteppedClock, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         # Its lines are checked on the event loop, a step at a time: a task that counts its
         # turns runs between the steps, and the body is the one `load` reads, damage included.
@@ -225,7 +225,9 @@ class TestLeftBehind:
         (directory / "seq").write_text(f"{count}\n")
         spool = SpendSpool.open(tmp_path, clock)
         [segment] = spool.pending_segments()
-        asyncio.get_running_loop().set_default_executor(Inline())
+        # Only for this test: the loop is the session's, and every later `to_thread` would run
+        # on it, blocking it (a server in the same loop would stop answering).
+        monkeypatch.setattr(asyncio.get_running_loop(), "_default_executor", Inline())
         turns = 0
 
         async def serving() -> None:
