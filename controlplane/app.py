@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hmac
 import ipaddress
@@ -133,6 +134,7 @@ def create_app(
 
     async def start() -> None:
         lifecycle.hear_stop_signals()
+        await asyncio.to_thread(Pricer.load)
         if listener is not None:
             await listener.start()
         if freeze_heap:

@@ -391,6 +391,15 @@ def test_url_and_token_come_from_the_environment(controlplane_url: str, tmp_path
     assert json.loads(shown.stdout)["name"] == "acme-from-env"
 
 
+def test_a_loopback_control_plane_is_called_directly_whatever_http_proxy_says(
+    cli: Cli, user_env: dict[str, str]
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    behind_proxy = {**user_env, "HTTP_PROXY": dead, "http_proxy": dead, "ALL_PROXY": dead}
+    org = cli.json("orgs", "create", "acme-behind-a-proxy", env=behind_proxy)
+    assert org["id"] in {o["id"] for o in cli.json("orgs", "list", env=behind_proxy)}
+
+
 def test_api_errors_exit_nonzero_with_the_code_and_the_field(cli: Cli) -> None:
     missing = cli.fails("keys", "create", "--project", "nope", "--policy", "nope")
     assert "404 not_found" in missing and "(field: project_id)" in missing

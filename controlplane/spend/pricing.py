@@ -427,6 +427,14 @@ class Pricer:
         self._sheets: dict[int, tuple[Any, Rates | None, tuple[bool, ...]]] = {}
         self._list_prices: dict[tuple[str | None, str], tuple[Any, ListPrice | None]] = {}
 
+    @staticmethod
+    def load() -> None:
+        """Load genai-prices' price data, which it reads on first use: blocking work, for a
+        thread at start-up rather than the event loop at the first bundle or segment."""
+        genai_prices.calc_price(
+            Usage(input_tokens=0, output_tokens=0), model_ref="gpt-4o-mini", provider_id="openai"
+        )
+
     def list_price(self, kind: str, model: str, at: datetime) -> ListPrice | None:
         """genai-prices' price of `model` through a provider of `kind` as of `at`, or None for
         a model it does not know and for the `mock` kind (which costs nothing).

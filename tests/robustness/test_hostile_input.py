@@ -238,8 +238,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def _load_the_token_estimator(world: World) -> None:
-    """A stream left before its usage arrived: its record is estimated with a tokenizer the
-    proxy loads on first use (tens of MiB, once), which would otherwise count as growth."""
+    """A stream left before its usage arrived: its record is estimated with the tokenizer, whose
+    first estimates grow the proxy's memory once, which would otherwise count as growth."""
     body = json.dumps({**CHAT, "stream": True}).encode()
     world.fakes.openai.stream_events = 100_000
     try:

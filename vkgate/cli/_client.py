@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import httpx
@@ -33,7 +35,11 @@ class AdminClient:
     def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
-        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+        # A control plane on this machine is called directly: a proxy from HTTP_PROXY would
+        # reach its own loopback, never this one (the proxy's egress rule, too).
+        self._http = httpx.Client(
+            base_url=url, headers=headers, timeout=timeout, trust_env=not _on_loopback(url)
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -81,6 +87,16 @@ class AdminClient:
             cursor = page.get("next_cursor")
             if not cursor:
                 return
+
+
+def _on_loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _describe(response: httpx.Response) -> str:
