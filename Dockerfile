@@ -14,19 +14,25 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN python -m venv /opt/vkgate
 WORKDIR /src
+# The hash lock first: its layer is rebuilt only when the lock changes, not with every source.
+# Which lock: image.txt (tracing, VKGATE_OTEL_ENDPOINT) by default. Never run.txt or dev.txt in
+# production: they bring the embedded chDB, a large native engine the production ledger (a
+# ClickHouse server) does not use.
+ARG VKGATE_LOCK=image.txt
+COPY requirements/${VKGATE_LOCK} ./requirements/
+# Only what the lock names, each file checked against its hash (`make lock` refreshes it).
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/vkgate/bin/pip install --require-hashes -r "requirements/${VKGATE_LOCK}"
 COPY pyproject.toml README.md ./
 COPY vkgate ./vkgate
 COPY controlplane ./controlplane
 COPY proxy ./proxy
 COPY migrations ./migrations
-# Extras to install: tracing (VKGATE_OTEL_ENDPOINT) by default. Never `embedded`: chDB is a
-# large native engine the production ledger (a ClickHouse server) does not use.
-ARG VKGATE_EXTRAS=otel
-# A regular (not editable) install. pip compiles the bytecode here, because the runtime's root
-# filesystem is read-only.
-RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/vkgate/bin/pip install --upgrade pip \
-    && /opt/vkgate/bin/pip install ".[${VKGATE_EXTRAS}]" \
+# A regular (not editable) install, built with the lock's setuptools; its dependencies are all
+# in place already. pip compiles the bytecode here, because the runtime's root filesystem is
+# read-only.
+RUN /opt/vkgate/bin/pip install --no-deps --no-build-isolation . \
+    && /opt/vkgate/bin/pip check \
     && /opt/vkgate/bin/vkgate --version
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -149,9 +149,10 @@ def test_the_image_installs_every_package_and_no_embedded_ledger() -> None:
     installs = [line for line in build if "pip install" in line]
     assert installs
     assert not any("embedded" in line or "chdb" in line for line in installs)
-    (extras,) = [line for line in build if line.startswith("ARG VKGATE_EXTRAS=")]
-    chosen = set(extras.partition("=")[2].split(","))
-    assert chosen <= {"otel"}, "the image installs only the extras production uses"
+    (lock,) = [line for line in build if line.startswith("ARG VKGATE_LOCK=")]
+    assert lock.partition("=")[2] == "image.txt", "the image installs the production lock"
+    assert [line for line in installs if "--require-hashes" in line]
+    assert [line for line in installs if "--no-deps --no-build-isolation ." in line]
     copied = {
         line.split()[1] for line in build if line.startswith("COPY ") and "--from" not in line
     }
@@ -161,7 +162,11 @@ def test_the_image_installs_every_package_and_no_embedded_ledger() -> None:
     assert {pattern.rstrip("*") for pattern in wanted} <= copied
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in ignored
-    for package in {pattern.rstrip("*") for pattern in wanted} | {"pyproject.toml", "README.md"}:
+    for package in {pattern.rstrip("*") for pattern in wanted} | {
+        "pyproject.toml",
+        "README.md",
+        "requirements",
+    }:
         assert f"!{package}/" in ignored or f"!{package}" in ignored, package
 
 
