@@ -24,6 +24,7 @@ from controlplane.db import Database, create_engine, is_sqlite
 from controlplane.errors import EXCEPTION_HANDLERS, ApiError
 from controlplane.feed.listener import PostgresFeedListener
 from controlplane.feed.service import FeedNotifier
+from controlplane.internal.peers import ProxyVersions
 from controlplane.internal.routes import internal_router
 from controlplane.keys.routes import VirtualKeyController
 from controlplane.ledger.store import Ledger
@@ -105,16 +106,17 @@ def create_app(
     notifier = FeedNotifier()
     app_clock = clock or SystemClock()
     lifecycle = Lifecycle(notifier=notifier, grace_s=settings.shutdown_grace_s)
+    families = Metrics(
+        waiting_polls=lambda: notifier.waiting, serving=lambda: not lifecycle.draining
+    )
     state = AppState(
         settings=settings,
         db=db,
         clock=app_clock,
-        cipher=Cipher(settings.encryption_key),
-        hasher=Hasher(settings.key_pepper),
+        cipher=Cipher(settings.encryption_key, previous=settings.encryption_keys_previous),
+        hasher=Hasher(settings.key_pepper, previous=settings.key_peppers_previous),
         notifier=notifier,
-        metrics=Metrics(
-            waiting_polls=lambda: notifier.waiting, serving=lambda: not lifecycle.draining
-        ),
+        metrics=families,
         ledger=spend_ledger,
         pricer=Pricer(),
         lifecycle=lifecycle,
@@ -124,6 +126,7 @@ def create_app(
             app_clock,
             trusted=[ipaddress.ip_network(cidr) for cidr in settings.trusted_proxy_cidrs],
         ),
+        proxy_versions=ProxyVersions(vkgate.__version__, families.proxy_calls),
     )
 
     listener = (

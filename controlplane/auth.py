@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from controlplane.errors import ApiError
 from controlplane.models import AdminToken
+from controlplane.rehash import rehash_token
 from controlplane.state import AppState, app_state
 from vkgate.errors import ErrorCode
 
@@ -91,11 +92,19 @@ async def _authenticate(
     if configured is not None and hmac.compare_digest(token.encode(), configured.encode()):
         return Actor(id=ENV_TOKEN_ACTOR, role=Role.ADMIN), ""
     # Looked up by its peppered hash: the presented text itself never reaches the database.
-    token_hash = state.hasher.of_secret(token)
+    # Under every pepper in force at once, while the pepper rotates (controlplane/rehash.py).
+    hashes = state.hasher.candidates_of_secret(token)
+    matches = (
+        AdminToken.token_hash == hashes[0]
+        if len(hashes) == 1
+        else AdminToken.token_hash.in_(hashes)
+    )
     async with state.read() as tx:
-        row = await tx.session.scalar(select(AdminToken).where(AdminToken.token_hash == token_hash))
+        row = await tx.session.scalar(select(AdminToken).where(matches))
     if row is None:
         return None, "invalid"
     if row.revoked_at is not None:
         return None, "revoked"
+    if row.token_hash != hashes[0]:
+        await rehash_token(state.db, token_id=row.id, old=row.token_hash, new=hashes[0])
     return Actor(id=row.id, role=Role(row.role), organization_id=row.organization_id), ""

@@ -39,6 +39,13 @@ class Metrics:
             ["version"],
             registry=registry,
         ).labels(vkgate.__version__).set(1)
+        self.proxy_calls = Counter(
+            "vkgate_controlplane_proxy_calls",
+            "Signed internal API calls by the calling proxy's release (`unknown`: one that names "
+            "none, older than the X-Vkgate-Version header)",
+            ["version"],
+            registry=registry,
+        )
         self.http_requests = Counter(
             "vkgate_controlplane_http_requests",
             "HTTP requests answered, by route template, method and status",

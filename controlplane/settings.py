@@ -52,6 +52,16 @@ class ControlPlaneSettings:
     key_pepper: str
     encryption_key: bytes
     admin_token: str | None
+    internal_secret_previous: str | None = None
+    """Also accepted on signed internal calls while the secret rolls across the replicas."""
+    jwt_secret_previous: str | None = None
+    """Also accepted when a resolution's JWT is verified; new JWTs are signed with the current."""
+    key_peppers_previous: tuple[str, ...] = ()
+    """Key and token hashes made under these are still found, and re-hashed under the current
+    pepper when presented."""
+    encryption_keys_previous: tuple[bytes, ...] = ()
+    """Credentials encrypted under these still decrypt; `vkgate secrets reencrypt` moves them to
+    the current key."""
     metrics_token: str | None = None
     """When set, GET /metrics needs `Authorization: Bearer <it>`."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -69,6 +79,17 @@ class ControlPlaneSettings:
     """How long a stopping control plane waits for requests in progress (long-polls are
     answered at once)."""
     ledger: LedgerLocation = LedgerLocation(kind="chdb", path=Path(".vkgate") / "ledger")
+
+    @property
+    def internal_secrets(self) -> tuple[str, ...]:
+        """The internal API's secrets a signature may be made with: the current one first."""
+        previous = self.internal_secret_previous
+        return (self.internal_secret,) if previous is None else (self.internal_secret, previous)
+
+    @property
+    def jwt_secrets(self) -> tuple[str, ...]:
+        previous = self.jwt_secret_previous
+        return (self.jwt_secret,) if previous is None else (self.jwt_secret, previous)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ControlPlaneSettings:
@@ -89,6 +110,18 @@ class ControlPlaneSettings:
             key_pepper=E.secret(env, "VKGATE_KEY_PEPPER"),
             encryption_key=E.encryption_key(env, "VKGATE_ENCRYPTION_KEY"),
             admin_token=admin_token,
+            internal_secret_previous=E.previous_secret(
+                env, "VKGATE_INTERNAL_SECRET_PREVIOUS", "VKGATE_INTERNAL_SECRET"
+            ),
+            jwt_secret_previous=E.previous_secret(
+                env, "VKGATE_JWT_SECRET_PREVIOUS", "VKGATE_JWT_SECRET"
+            ),
+            key_peppers_previous=E.previous_secrets(
+                env, "VKGATE_KEY_PEPPERS_PREVIOUS", "VKGATE_KEY_PEPPER"
+            ),
+            encryption_keys_previous=E.previous_encryption_keys(
+                env, "VKGATE_ENCRYPTION_KEYS_PREVIOUS", "VKGATE_ENCRYPTION_KEY"
+            ),
             metrics_token=E.string(env, "VKGATE_METRICS_TOKEN"),
             max_body_bytes=E.integer(
                 env, "VKGATE_CONTROLPLANE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES, minimum=1024

@@ -18,6 +18,7 @@ from controlplane.db import Database
 from controlplane.errors import not_found
 from controlplane.feed import service as feed
 from controlplane.feed.service import FeedNotifier
+from controlplane.internal.peers import ProxyVersions
 from controlplane.ledger.store import Ledger
 from controlplane.lifecycle import Lifecycle
 from controlplane.metrics import Metrics
@@ -139,6 +140,7 @@ class AppState:
     lifecycle: Lifecycle
     readiness: ReadinessProbe
     auth_throttle: AdminAuthThrottle
+    proxy_versions: ProxyVersions
     scope: str | None = None
     """Set on the view one request of an organization-bound admin token gets (`scoped_to`):
     its transactions see only that organization."""

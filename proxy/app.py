@@ -37,6 +37,7 @@ from proxy.spend.spool import SpendSpool, SpoolError
 from proxy.telemetry.listener import MetricsListenerError, start_listener
 from proxy.telemetry.metrics import ProxyMetrics
 from proxy.telemetry.tracing import Tracing
+from vkgate import versions
 from vkgate.clock import Clock, SystemClock
 from vkgate.errors import ErrorCode
 from vkgate.logs import event
@@ -255,6 +256,7 @@ async def _start(
         settings.controlplane_url,
         settings.internal_secret,
         clock,
+        previous_secret=settings.internal_secret_previous,
         timeout_s=settings.controlplane_timeout_s,
         transport=running.control_transport or _control_transport(settings),
     )
@@ -520,6 +522,18 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             {"status": "unavailable", "controlplane": {"cause": answer.cause, "fix": answer.fix}},
             status_code=503,
         )
-    return Response(
-        {"status": "ok", "controlplane": {"revision": answer.revision, "version": answer.version}}
-    )
+    controlplane: dict[str, Any] = {"revision": answer.revision, "version": answer.version}
+    skew = versions.mismatch(vkgate.__version__, answer.version)
+    if skew is not None:
+        # The round trip worked, and requests may still be served; but this pair is outside
+        # what is tested to work together.
+        controlplane |= {"cause": "version", "detail": skew, "fix": versions.FIX}
+        return Response(
+            {
+                "status": "version_mismatch",
+                "version": vkgate.__version__,
+                "controlplane": controlplane,
+            },
+            status_code=503,
+        )
+    return Response({"status": "ok", "version": vkgate.__version__, "controlplane": controlplane})

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 import httpx
 import msgspec
 
+import vkgate
 from vkgate import signing
 from vkgate.clock import Clock
 from vkgate.errors import ErrorCode
@@ -20,6 +21,7 @@ from vkgate.spend import SEGMENT_ENCODING, SPEND_COMMANDS_PATH, BudgetBucketSpen
 from vkgate.wire import (
     INTERNAL_PREFIX,
     REVISION_HEADER,
+    VERSION_HEADER,
     ChangesResponse,
     ConfigBundle,
     ErrorBody,
@@ -73,10 +75,12 @@ class ControlPlaneClient:
         secret: str,
         clock: Clock,
         *,
+        previous_secret: str | None = None,
         timeout_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._secret = secret
+        self._secrets = (secret,) if previous_secret is None else (secret, previous_secret)
+        """The secrets to sign with, the one the control plane took last first."""
         self._clock = clock
         self.gzip_segments: bool | None = None
         """Whether the control plane's last successful answer said it takes gzip segments; None
@@ -85,7 +89,8 @@ class ControlPlaneClient:
             base_url=base_url,
             timeout=timeout_s,
             transport=transport,
-            headers={"User-Agent": "vkgate-proxy"},
+            # Every call names this proxy's release: the control plane counts and checks them.
+            headers={"User-Agent": "vkgate-proxy", VERSION_HEADER: vkgate.__version__},
         )
 
     async def close(self) -> None:
@@ -114,13 +119,39 @@ class ControlPlaneClient:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
-        """One signed call; a network failure is `Unreachable`, any status is the caller's."""
+        """One signed call; a network failure is `Unreachable`, any status is the caller's.
+
+        While the internal secret rolls across the replicas, a control plane may know only one
+        of the two the proxy has: a signature it refuses is made again with the other, which is
+        then used first, so replicas can be rolled in any order.
+        """
         path = INTERNAL_PREFIX + path_and_query
-        signed = signing.signed_headers(self._secret, method, path, body, self._clock.time())
+        response = await self._signed(self._secrets[0], method, path, body, headers, timeout_s)
+        if len(self._secrets) > 1 and _signature_refused(response):
+            other = self._secrets[1]
+            retried = await self._signed(other, method, path, body, headers, timeout_s)
+            if not _signature_refused(retried):
+                self._secrets = (other, self._secrets[0])
+            response = retried
+        if response.status_code < 400:
+            # Errors are left out: one may come from a reverse proxy in front, not from it.
+            self.gzip_segments = _takes_gzip(response.headers.get("accept-encoding"))
+        return response
+
+    async def _signed(
+        self,
+        secret: str,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        timeout_s: float | None,
+    ) -> httpx.Response:
+        signed = signing.signed_headers(secret, method, path, body, self._clock.time())
         if body:
             signed["Content-Type"] = "application/json"
         try:
-            response = await self._http.request(
+            return await self._http.request(
                 method,
                 path,
                 content=body,
@@ -129,10 +160,6 @@ class ControlPlaneClient:
             )
         except httpx.HTTPError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code < 400:
-            # Errors are left out: one may come from a reverse proxy in front, not from it.
-            self.gzip_segments = _takes_gzip(response.headers.get("accept-encoding"))
-        return response
 
     async def resolve_key(self, key_sha256: str) -> ResolveKeyResponse:
         body = msgspec.json.encode(ResolveKeyRequest(key_sha256=key_sha256))
@@ -271,6 +298,17 @@ def _error_message(response: httpx.Response) -> str:
         return msgspec.json.decode(response.content, type=_Error).error.message
     except msgspec.DecodeError:
         return f"HTTP {response.status_code}"
+
+
+def _signature_refused(response: httpx.Response) -> bool:
+    if response.status_code != 401:
+        return False
+    try:
+        return msgspec.json.decode(response.content, type=ErrorBody).error.code == (
+            ErrorCode.BAD_SIGNATURE
+        )
+    except msgspec.DecodeError:
+        return False
 
 
 def _refusal(response: httpx.Response) -> Refused:

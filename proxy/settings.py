@@ -35,6 +35,9 @@ class ClientLimits:
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
     internal_secret: str
+    internal_secret_previous: str | None = None
+    """`VKGATE_INTERNAL_SECRET_PREVIOUS`: while the secret rolls across the replicas, signed
+    calls a control plane refuses under the current secret are signed with this one."""
     host: str = "127.0.0.1"
     port: int = 5563
     controlplane_url: str = DEFAULT_CONTROLPLANE_URL
@@ -107,6 +110,13 @@ class ProxySettings:
     and the CA bundle provider certificates are checked against (proxy/egress.py)."""
 
     @property
+    def internal_secrets(self) -> tuple[str, ...]:
+        """Every internal secret in force, the current one first: what a key derived from the
+        internal secret must accept while it rolls."""
+        previous = self.internal_secret_previous
+        return (self.internal_secret,) if previous is None else (self.internal_secret, previous)
+
+    @property
     def client_limits(self) -> ClientLimits:
         return ClientLimits(self.max_header_bytes, self.client_read_timeout_s)
 
@@ -122,6 +132,9 @@ class ProxySettings:
         metrics_host, metrics_port = _metrics_address(env, workers)
         return cls(
             internal_secret=E.secret(env, "VKGATE_INTERNAL_SECRET"),
+            internal_secret_previous=E.previous_secret(
+                env, "VKGATE_INTERNAL_SECRET_PREVIOUS", "VKGATE_INTERNAL_SECRET"
+            ),
             host=host,
             port=port,
             controlplane_url=url,

@@ -27,6 +27,8 @@ from tests.support import databases
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET, secrets_env
 from tests.support.processes import Service, clean_env, free_port, sqlite_controlplane, vkgate
+from vkgate import __version__ as VERSION
+from vkgate import signing
 from vkgate.cli.doctor._config import (
     Scope,
     check_metrics_address,
@@ -525,7 +527,7 @@ def test_a_health_time_without_a_timezone_is_taken_as_utc() -> None:
     naive = (now + timedelta(seconds=90)).replace(tzinfo=None).isoformat()
 
     def health(request: httpx.Request) -> httpx.Response:
-        body = {"status": "ok", "revision": 7, "time": naive, "version": "1.0"}
+        body = {"status": "ok", "revision": 7, "time": naive, "version": VERSION}
         return httpx.Response(200, json=body)
 
     transport = httpx.MockTransport(health)
@@ -533,7 +535,65 @@ def test_a_health_time_without_a_timezone_is_taken_as_utc() -> None:
         result = check_internal_api(http, INTERNAL_SECRET, ManualClock(now))
 
     assert result.status is Status.WARN
-    assert "revision 7, version 1.0, clocks 90 s apart" in result.detail
+    assert f"revision 7, version {VERSION}, clocks 90 s apart" in result.detail
+
+
+def controlplane_knowing(secret: str, version: str = VERSION) -> httpx.MockTransport:
+    """A control plane's internal health route that takes signatures made with `secret`."""
+    now = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+    def health(request: httpx.Request) -> httpx.Response:
+        problem = signing.verify(
+            secret,
+            request.method,
+            request.url.raw_path.decode(),
+            request.content,
+            request.headers.get(signing.TIMESTAMP_HEADER),
+            request.headers.get(signing.SIGNATURE_HEADER),
+            now.timestamp(),
+        )
+        if problem is not None:
+            error = {"message": "refused", "type": "authentication_error", "code": "bad_signature"}
+            return httpx.Response(401, json={"error": error})
+        body = {"status": "ok", "revision": 7, "time": now.isoformat(), "version": version}
+        return httpx.Response(200, json=body)
+
+    return httpx.MockTransport(health)
+
+
+def test_a_control_plane_that_takes_only_the_previous_internal_secret_is_a_warning() -> None:
+    old, new = INTERNAL_SECRET, "new-internal-secret-0123456789abcdef01"
+    clock = ManualClock(datetime(2026, 3, 10, 12, 0, tzinfo=UTC))
+    with httpx.Client(base_url="http://cp", transport=controlplane_knowing(old)) as http:
+        behind = check_internal_api(http, new, clock, previous=old)
+        without_previous = check_internal_api(http, new, clock)
+    assert behind.status is Status.WARN
+    assert "only with VKGATE_INTERNAL_SECRET_PREVIOUS" in behind.detail
+    assert behind.fix is not None and "every control plane the new VKGATE_INTERNAL_SECRET" in (
+        behind.fix
+    )
+    assert without_previous.status is Status.FAIL
+    with httpx.Client(base_url="http://cp", transport=controlplane_knowing(new)) as http:
+        assert check_internal_api(http, new, clock, previous=old).status is Status.OK
+
+
+@pytest.mark.parametrize(
+    ("theirs", "status"), [("0.2.5", Status.OK), ("0.3.0", Status.FAIL), ("1.1.0", Status.FAIL)]
+)
+def test_doctor_names_a_control_plane_more_than_one_minor_version_away(
+    theirs: str, status: Status, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("vkgate.__version__", "0.1.0")
+    clock = ManualClock(datetime(2026, 3, 10, 12, 0, tzinfo=UTC))
+    transport = controlplane_knowing(INTERNAL_SECRET, version=theirs)
+    with httpx.Client(base_url="http://cp", transport=transport) as http:
+        result = check_internal_api(http, INTERNAL_SECRET, clock)
+    assert result.status is status
+    if status is Status.FAIL:
+        assert f"proxy 0.1.0 and control plane {theirs} are more than 1 minor version apart" in (
+            result.detail
+        )
+        assert result.fix is not None and "one minor version at a time" in result.fix
 
 
 def test_a_check_that_raises_is_its_own_fail_and_the_others_still_run(

@@ -11,8 +11,9 @@ import difflib
 import ipaddress
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 # Every setting either service or the CLI understands. An unknown `VKGATE_*` name is refused at
 # start-up: a typo in a deployment (VKGATE_DATABSE_URL) must not silently fall back to defaults.
@@ -35,6 +36,11 @@ KNOWN: frozenset[str] = frozenset(
         "VKGATE_JWT_SECRET",
         "VKGATE_KEY_PEPPER",
         "VKGATE_ENCRYPTION_KEY",
+        # rotation: the values being rotated out, still accepted (README "Rotating secrets")
+        "VKGATE_INTERNAL_SECRET_PREVIOUS",
+        "VKGATE_JWT_SECRET_PREVIOUS",
+        "VKGATE_KEY_PEPPERS_PREVIOUS",
+        "VKGATE_ENCRYPTION_KEYS_PREVIOUS",
         "VKGATE_FEED_POLL_INTERVAL_SECONDS",
         # proxy
         "VKGATE_PROXY_ADDR",
@@ -78,6 +84,7 @@ KNOWN: frozenset[str] = frozenset(
 )
 
 SECRET_MIN_LENGTH = 32
+V = TypeVar("V")
 
 
 class SettingError(ValueError):
@@ -178,6 +185,10 @@ def encryption_key(env: Mapping[str, str], name: str) -> bytes:
     value = env.get(name)
     if not value:
         raise SettingError(f"{name} is required (32 random bytes, URL-safe base64)")
+    return _key_bytes(value, name)
+
+
+def _key_bytes(value: str, name: str) -> bytes:
     try:
         raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
     except (ValueError, TypeError):
@@ -185,6 +196,58 @@ def encryption_key(env: Mapping[str, str], name: str) -> bytes:
     if len(raw) != 32:
         raise SettingError(f"{name} must decode to exactly 32 bytes, got {len(raw)}")
     return raw
+
+
+def previous_secret(env: Mapping[str, str], name: str, current: str) -> str | None:
+    """`<current>_PREVIOUS`: the secret being rotated out, accepted beside the current one."""
+    value = optional_secret(env, name)
+    if value is not None and value == env.get(current):
+        raise SettingError(
+            f"{name} repeats {current}: set {current} to the new secret and {name} to the old one"
+        )
+    return value
+
+
+def previous_secrets(env: Mapping[str, str], name: str, current: str) -> tuple[str, ...]:
+    """A comma-separated list of secrets being rotated out (each 32+ characters), newest first."""
+    values = _listed(env, name)
+    for position, value in enumerate(values, 1):
+        if len(value) < SECRET_MIN_LENGTH:
+            raise SettingError(
+                f"{name}: value {position} of {len(values)} is shorter than {SECRET_MIN_LENGTH} "
+                "characters (the list is comma-separated)"
+            )
+    return _distinct(values, name, env.get(current), current)
+
+
+def previous_encryption_keys(env: Mapping[str, str], name: str, current: str) -> tuple[bytes, ...]:
+    """A comma-separated list of encryption keys being rotated out, each like the current one."""
+    values = _listed(env, name)
+    keys = tuple(
+        _key_bytes(value, f"{name} (key {position} of {len(values)})")
+        for position, value in enumerate(values, 1)
+    )
+    current_value = env.get(current)
+    return _distinct(
+        keys, name, _key_bytes(current_value, current) if current_value else None, current
+    )
+
+
+def _listed(env: Mapping[str, str], name: str) -> list[str]:
+    return [part.strip() for part in (string(env, name) or "").split(",") if part.strip()]
+
+
+def _distinct(
+    values: Sequence[V], name: str, current_value: V | None, current: str
+) -> tuple[V, ...]:
+    if current_value is not None and current_value in values:
+        raise SettingError(
+            f"{name} lists {current} itself: set {current} to the new value and keep only the "
+            f"old ones in {name}"
+        )
+    if len(set(values)) != len(values):
+        raise SettingError(f"{name} lists the same value twice")
+    return tuple(values)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

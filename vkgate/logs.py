@@ -78,6 +78,10 @@ FIELDS: frozenset[str] = frozenset(
         "pid",
         "exit_code",
         "workers",
+        # releases, schema and secrets
+        "version",
+        "peer_version",
+        "kind",
     }
 )
 

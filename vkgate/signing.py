@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 
 TIMESTAMP_HEADER = "X-Vkgate-Timestamp"
@@ -55,8 +56,14 @@ def verify(
     timestamp: str | None,
     signature: str | None,
     now: float,
+    *,
+    previous: Sequence[str] = (),
 ) -> SignatureProblem | None:
-    """None when the request is authentic and fresh, else what is wrong with it."""
+    """None when the request is authentic and fresh, else what is wrong with it.
+
+    A signature made with one of the `previous` secrets is as good as one made with `secret`:
+    while a new secret rolls across the replicas, some sign with the old one.
+    """
     if not timestamp or not signature:
         return SignatureProblem.MISSING
     if not _TIMESTAMP.fullmatch(timestamp) or not _SIGNATURE.fullmatch(signature):
@@ -64,7 +71,9 @@ def verify(
     sent_at = int(timestamp)
     if abs(now - sent_at) > MAX_SKEW_SECONDS:
         return SignatureProblem.SKEW
-    expected = sign(secret, method, path_and_query, sent_at, body)
-    if not hmac.compare_digest(expected, signature.lower()):
-        return SignatureProblem.MISMATCH
-    return None
+    presented = signature.lower()
+    for candidate in (secret, *previous):
+        expected = sign(candidate, method, path_and_query, sent_at, body)
+        if hmac.compare_digest(expected, presented):
+            return None
+    return SignatureProblem.MISMATCH

@@ -16,6 +16,9 @@ CHANGES_DEFAULT_TIMEOUT_S = 10.0
 CHANGES_MAX_TIMEOUT_S = 25.0
 CHANGES_MAX_EVENTS = 500
 REVISION_HEADER = "X-Vkgate-Revision"
+VERSION_HEADER = "X-Vkgate-Version"
+"""The sender's release, on every internal call and every answer to one: the proxy and the
+control plane tell each other what they run (vkgate/versions.py says what works together)."""
 
 
 class EventKind(StrEnum):

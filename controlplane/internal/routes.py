@@ -21,6 +21,7 @@ from controlplane.internal import bundle
 from controlplane.internal.resolve import resolve
 from controlplane.internal.signature import require_signature
 from controlplane.ledger.client import LedgerError
+from controlplane.rehash import rehash_key
 from controlplane.schemas import Vk
 from controlplane.spend import service as spend
 from controlplane.spend.routes import budget_bucket_spend, spend_commands
@@ -35,6 +36,7 @@ from vkgate.wire import (
     CHANGES_MAX_TIMEOUT_S,
     INTERNAL_PREFIX,
     REVISION_HEADER,
+    VERSION_HEADER,
     ChangeEvent,
     ChangesResponse,
     ConfigBundle,
@@ -65,10 +67,14 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
     try:
         now = vk.clock.now()
         async with vk.read() as tx:
-            resolved = await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+            resolution = await resolve(tx, vk.hasher, vk.settings.jwt_secret, data.key_sha256)
+            resolved = resolution.answer
             built = await bundle.build(
                 tx, cipher=vk.cipher, pricer=vk.pricer, vk_id=resolved.vk_id, now=now
             )
+        if resolution.stale_hash is not None:
+            secret_id, old, new = resolution.stale_hash
+            await rehash_key(vk.db, secret_id=secret_id, vk_id=resolved.vk_id, old=old, new=new)
         try:
             resolved.bundle, resolved.etag, _ = await _sent(vk, built, now)
         except LedgerError as exc:
@@ -231,6 +237,10 @@ internal_router = Router(
     guards=[require_signature],
     # Spend segments may come gzipped (vkgate.spend.SEGMENT_ENCODING): said on every answer (a
     # proxy asks `health` before its first shipment if nothing answered it yet).
-    response_headers=[ResponseHeader(name="Accept-Encoding", value=SEGMENT_ENCODING)],
+    response_headers=[
+        ResponseHeader(name="Accept-Encoding", value=SEGMENT_ENCODING),
+        # The proxy learns this control plane's release from every answer (vkgate/versions.py).
+        ResponseHeader(name=VERSION_HEADER, value=vkgate.__version__),
+    ],
     include_in_schema=False,
 )

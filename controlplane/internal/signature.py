@@ -14,6 +14,7 @@ from controlplane.state import app_state
 from vkgate import signing
 from vkgate.errors import ErrorCode
 from vkgate.logs import event
+from vkgate.wire import VERSION_HEADER
 
 log = logging.getLogger("vkgate.controlplane.internal")
 
@@ -42,6 +43,7 @@ async def require_signature(
             connection.headers.get(signing.TIMESTAMP_HEADER),
             connection.headers.get(signing.SIGNATURE_HEADER),
             state.clock.time(),
+            previous=state.settings.internal_secrets[1:],
         )
 
     # Missing, malformed and stale headers are refused before the body is read: a spend segment
@@ -51,6 +53,7 @@ async def require_signature(
     if problem is None or problem is signing.SignatureProblem.MISMATCH:
         problem = verify(await request.body())
     if problem is None:
+        state.proxy_versions.heard(connection.headers.get(VERSION_HEADER))
         return
     state.metrics.internal_auth_failures.labels(problem.value).inc()
     event(

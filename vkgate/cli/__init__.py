@@ -12,6 +12,7 @@ from vkgate.cli.doctor import doctor
 from vkgate.cli.keys import keys
 from vkgate.cli.orgs import orgs, projects, teams
 from vkgate.cli.providers import policies, providers
+from vkgate.cli.secrets import secrets
 from vkgate.cli.serve import controlplane, migrate, proxy, up
 from vkgate.cli.spend import spend
 
@@ -32,5 +33,5 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 for command in (up, controlplane, proxy, migrate, orgs, teams, projects, providers, policies, keys):
     main.add_command(command)
-for command in (budgets, tokens, audit, spend, doctor):
+for command in (budgets, tokens, audit, spend, doctor, secrets):
     main.add_command(command)

@@ -107,8 +107,11 @@ def _controlplane_checks(
                     "internal API", "no valid VKGATE_INTERNAL_SECRET (see the settings above)"
                 )
             else:
-                secret = settings.internal_secret
-                signed = guarded("internal API", lambda: check_internal_api(http, secret, clock))
+                secret, previous = settings.internal_secret, settings.internal_secret_previous
+                signed = guarded(
+                    "internal API",
+                    lambda: check_internal_api(http, secret, clock, previous=previous),
+                )
     except Exception as exc:  # one broken check must not cost the report the others
         why = "the control plane check did not complete (see above)"
         return False, [incomplete("control plane", exc), skipped("internal API", why)]

@@ -118,6 +118,10 @@ _SECRETS = frozenset(
         "VKGATE_ADMIN_TOKEN",
         "VKGATE_METRICS_TOKEN",
         "VKGATE_TELEMETRY_KEY",
+        "VKGATE_INTERNAL_SECRET_PREVIOUS",
+        "VKGATE_JWT_SECRET_PREVIOUS",
+        "VKGATE_KEY_PEPPERS_PREVIOUS",
+        "VKGATE_ENCRYPTION_KEYS_PREVIOUS",
     }
 )
 
@@ -220,7 +224,11 @@ def secret_values(env: Mapping[str, str]) -> set[str]:
     """The secrets in `env`: never printed by a check. (Passwords in URLs are cut out with
     the rest of the URL's user part, wherever a URL is quoted: replacing a short password
     everywhere would garble the report.)"""
-    return {value for name, value in env.items() if name in _SECRETS and len(value) >= 8}
+    found = {value for name, value in env.items() if name in _SECRETS and len(value) >= 8}
+    # The lists of previous values: each one alone is a secret too.
+    return found | {
+        part.strip() for value in found for part in value.split(",") if len(part.strip()) >= 8
+    }
 
 
 def _describe_proxy(settings: ProxySettings) -> str:

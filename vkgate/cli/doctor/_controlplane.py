@@ -7,11 +7,13 @@ from datetime import UTC, datetime
 import httpx
 import msgspec
 
-from vkgate import signing
+import vkgate
+from vkgate import signing, versions
 from vkgate.cli.doctor._result import Result, Status, shown_url
 from vkgate.clock import Clock
+from vkgate.errors import ErrorCode
 from vkgate.probe import Failure, classify, error_message, from_status
-from vkgate.wire import INTERNAL_PREFIX, HealthResponse
+from vkgate.wire import INTERNAL_PREFIX, ErrorBody, HealthResponse
 
 CLOCK_SKEW_WARN_S = 60.0
 """Well inside the 300 s the internal API allows, so a drifting clock shows before it bites."""
@@ -53,14 +55,21 @@ def check_controlplane(http: httpx.Client) -> tuple[Result, bool]:
     return Result("control plane", Status.OK, f"{where}: live; /readyz: {said}"), True
 
 
-def check_internal_api(http: httpx.Client, secret: str, clock: Clock) -> Result:
-    """A signed GET of the internal API's health route, as a proxy makes it."""
+def check_internal_api(
+    http: httpx.Client, secret: str, clock: Clock, *, previous: str | None = None
+) -> Result:
+    """A signed GET of the internal API's health route, as a proxy makes it: with the current
+    secret, and, when the control plane refuses that, with the previous one (a rotation the
+    control planes have not caught up with yet)."""
     path = f"{INTERNAL_PREFIX}/health"
     where = shown_url(str(http.base_url).rstrip("/"))
     sent = clock.now()
-    headers = signing.signed_headers(secret, "GET", path, b"", sent.timestamp())
     try:
-        response = http.get(path, headers=headers)
+        response = _signed_health(http, path, secret, sent)
+        behind = False
+        if previous is not None and _signature_refused(response):
+            behind, sent = True, clock.now()
+            response = _signed_health(http, path, previous, sent)
     except httpx.HTTPError as exc:
         failure = classify(exc)
         return Result("internal API", Status.FAIL, f"{where}: {failure}", failure.fix)
@@ -83,6 +92,18 @@ def check_internal_api(http: httpx.Client, secret: str, clock: Clock) -> Result:
         f"signed round trip ok: revision {health.revision}, version {health.version}, "
         f"clocks {abs(skew):.0f} s apart"
     )
+    version_mismatch = versions.mismatch(vkgate.__version__, health.version)
+    if version_mismatch is not None:
+        return Result("internal API", Status.FAIL, f"{found}; {version_mismatch}", versions.FIX)
+    if behind:
+        return Result(
+            "internal API",
+            Status.WARN,
+            f"{found}, but only with VKGATE_INTERNAL_SECRET_PREVIOUS: the control plane does "
+            "not take VKGATE_INTERNAL_SECRET yet",
+            "give every control plane the new VKGATE_INTERNAL_SECRET (with the old one as "
+            "VKGATE_INTERNAL_SECRET_PREVIOUS) before taking the old one away from anything",
+        )
     if abs(skew) > CLOCK_SKEW_WARN_S:
         return Result(
             "internal API",
@@ -92,3 +113,19 @@ def check_internal_api(http: httpx.Client, secret: str, clock: Clock) -> Result:
             f"{signing.MAX_SKEW_SECONDS} s apart every signed call is refused",
         )
     return Result("internal API", Status.OK, found)
+
+
+def _signed_health(http: httpx.Client, path: str, secret: str, sent: datetime) -> httpx.Response:
+    return http.get(
+        path, headers=signing.signed_headers(secret, "GET", path, b"", sent.timestamp())
+    )
+
+
+def _signature_refused(response: httpx.Response) -> bool:
+    if response.status_code != 401:
+        return False
+    try:
+        body = msgspec.json.decode(response.content, type=ErrorBody)
+    except msgspec.DecodeError:
+        return False
+    return body.error.code == ErrorCode.BAD_SIGNATURE
