@@ -39,6 +39,7 @@ from controlplane.schemas import DEPENDENCIES, Vk
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
 from controlplane.spend.pricing import Pricer
+from controlplane.spend.readings import SpendReadings
 from controlplane.spend.routes import SpendController
 from controlplane.state import AppState
 from controlplane.throttle import AdminAuthThrottle
@@ -127,6 +128,7 @@ def create_app(
             trusted=[ipaddress.ip_network(cidr) for cidr in settings.trusted_proxy_cidrs],
         ),
         proxy_versions=ProxyVersions(vkgate.__version__, families.proxy_calls),
+        readings=SpendReadings(db, app_clock.monotonic),
     )
 
     listener = (

@@ -39,6 +39,12 @@ class Metrics:
             ["version"],
             registry=registry,
         ).labels(vkgate.__version__).set(1)
+        self.stale_spend_bundles = Counter(
+            "vkgate_controlplane_stale_spend_bundles",
+            "Key bundles sent with their budgets' last saved spend (and its age) because the "
+            "ledger could not be read",
+            registry=registry,
+        )
         self.proxy_calls = Counter(
             "vkgate_controlplane_proxy_calls",
             "Signed internal API calls by the calling proxy's release (`unknown`: one that names "

@@ -211,3 +211,28 @@ class FeedCounter(Base):
     __tablename__ = "feed_counter"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     revision: Mapped[int] = mapped_column(BigInteger)
+
+
+class BudgetSpendReading(Base):
+    """The last spend the ledger gave for a budget's window: what a key's bundle carries, with
+    its age, while the ledger cannot be read (controlplane/spend/readings.py)."""
+
+    __tablename__ = "budget_spend_readings"
+    budget_id: Mapped[str] = mapped_column(
+        ForeignKey("budgets.id", ondelete="CASCADE"), primary_key=True
+    )
+    window_start: Mapped[datetime | None]
+    """The window the reading is of (None: a `total` budget)."""
+    spent_nano_usd: Mapped[int] = mapped_column(BigInteger)
+    read_at: Mapped[datetime]
+    """The reading's `as_of`: spend the ledger acknowledged before this is in it."""
+
+
+class SchemaCompatibility(Base):
+    """One row, written by every migration run (migrations/env.py): the schema's revision and
+    the oldest revision whose code may run on it (controlplane/migrate.py)."""
+
+    __tablename__ = "schema_compatibility"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    revision: Mapped[str] = mapped_column(String(32))
+    compatible_from: Mapped[str] = mapped_column(String(32))

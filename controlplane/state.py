@@ -27,6 +27,7 @@ from controlplane.readiness import ReadinessProbe
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
 from controlplane.spend.pricing import Pricer
+from controlplane.spend.readings import SpendReadings
 from controlplane.throttle import AdminAuthThrottle
 from vkgate.clock import Clock
 from vkgate.wire import EventKind
@@ -141,6 +142,7 @@ class AppState:
     readiness: ReadinessProbe
     auth_throttle: AdminAuthThrottle
     proxy_versions: ProxyVersions
+    readings: SpendReadings
     scope: str | None = None
     """Set on the view one request of an organization-bound admin token gets (`scoped_to`):
     its transactions see only that organization."""

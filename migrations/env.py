@@ -6,6 +6,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 
 from controlplane.db import sqlite_pragmas
+from controlplane.migrate import record_compatibility
 from controlplane.models import Base
 
 config = context.config
@@ -26,4 +27,10 @@ with engine.connect() as connection:
     )
     with context.begin_transaction():
         context.run_migrations()
+        # In the migrations' transaction where DDL is transactional (PostgreSQL): the schema
+        # never exists without its marker.
+        record_compatibility(connection, context.script)
+    if connection.in_transaction():
+        # SQLite's DDL is not run in one transaction: the marker's write began its own.
+        connection.commit()
 engine.dispose()

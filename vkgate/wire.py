@@ -139,6 +139,9 @@ class BudgetState(msgspec.Struct):
     spent_as_of: str | None = None
     """When `spent_usd` was read from the ledger (RFC 3339): spend the ledger took after this
     is not in it."""
+    spent_from: str = "ledger"
+    """`ledger`: read for this bundle; `last_reading`: the ledger could not be read, and this
+    is the last figure the control plane read of it, as of `spent_as_of`."""
 
 
 class ConfigBundle(msgspec.Struct):

@@ -132,16 +132,31 @@ async def _sent(
     """The bundle as sent, its budgets' spend read from the ledger, and its ETag; and the
     bundle's JSON when that is what is sent (no budgets), already encoded for the ETag."""
     # Read after the transaction: no database connection is held while the ledger answers.
-    counted, as_of = await spend.with_spend(vk.ledger, built, now)
+    try:
+        counted, as_of = await spend.with_spend(vk.ledger, built, now)
+    except LedgerError:
+        # The last figures read of each budget, with their age; none saved for a budget (one
+        # never read): the ledger's failure stands.
+        last = await vk.readings.last(built)
+        if last is None:
+            raise
+        vk.metrics.stale_spend_bundles.inc()
+        return last, _etag(vk, msgspec.json.encode(last)), None
+    if counted.budgets:
+        await vk.readings.remember(counted, as_of)
     # The ETag changes only when the bundle or a budget's spend does, not with the time the
     # spend was read: a proxy keeping an older reading only counts more conservatively.
     tagged = msgspec.json.encode(counted)
-    # Keyed, so a tag reveals nothing about the credentials inside the bundle.
-    digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
-    etag = f'"{digest[:32]}"'
+    etag = _etag(vk, tagged)
     if counted.budgets:
         return spend.read_at(counted, as_of), etag, None
     return counted, etag, tagged
+
+
+def _etag(vk: AppState, tagged: bytes) -> str:
+    # Keyed, so a tag reveals nothing about the credentials inside the bundle.
+    digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
+    return f'"{digest[:32]}"'
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:

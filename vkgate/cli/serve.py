@@ -82,6 +82,17 @@ def database_errors() -> Iterator[None]:
 
 
 @contextmanager
+def schema_errors() -> Iterator[None]:
+    """A schema this release cannot run on is a message saying what to do, not a traceback."""
+    from controlplane.migrate import SchemaTooNew
+
+    try:
+        yield
+    except SchemaTooNew as exc:
+        raise click.ClickException(f"the database (VKGATE_DATABASE_URL): {exc}") from None
+
+
+@contextmanager
 def ledger_errors() -> Iterator[None]:
     """A ledger that cannot be opened or migrated is a message, not a traceback."""
     from controlplane.ledger.client import LedgerError
@@ -175,7 +186,7 @@ def up(demo: bool) -> None:
     merged.setdefault("VKGATE_CONTROLPLANE_URL", f"http://{settings.host}:{settings.port}")
     proxy_settings = load_settings(ProxySettings.from_env, merged)
     configure_logging(settings.log_level, settings.log_format)
-    with database_errors(), ledger_errors():
+    with database_errors(), ledger_errors(), schema_errors():
         upgrade_stores(settings.database_url, settings.ledger)
         seeded = asyncio.run(_seed(settings, home)) if demo else None
     proxy = subprocess.Popen([sys.executable, "-m", "vkgate", "proxy"], env=merged)
@@ -272,19 +283,26 @@ def proxy() -> None:
 @click.option("--migrate", is_flag=True, help="Apply pending migrations before serving.")
 def controlplane(migrate: bool) -> None:
     """Serve the control plane (settings from VKGATE_* variables only)."""
-    from controlplane.migrate import is_current, upgrade_stores
+    from controlplane.migrate import schema_state, upgrade_stores
     from controlplane.settings import ControlPlaneSettings
 
     settings = load_settings(ControlPlaneSettings.from_env, E.environment())
     configure_logging(settings.log_level, settings.log_format)
-    with database_errors(), ledger_errors():
+    with database_errors(), ledger_errors(), schema_errors():
         if migrate:
             upgrade_stores(settings.database_url, settings.ledger)
-        elif not is_current(settings.database_url):
+        state = schema_state(settings.database_url)
+        if state.behind:
             raise click.ClickException(
                 "the database is not at the newest schema; run `vkgate migrate` (or pass --migrate)"
             )
-        elif not _ledger_current(settings):
+        if not state.usable:
+            raise click.ClickException(f"the database (VKGATE_DATABASE_URL): {state.describe()}")
+        if state.newer:
+            logging.getLogger("vkgate.controlplane").warning(
+                "the database (VKGATE_DATABASE_URL): %s", state.describe()
+            )
+        if not _ledger_current(settings):
             raise click.ClickException(
                 "the spend ledger (VKGATE_LEDGER_URL) is not at the newest schema; run "
                 "`vkgate migrate` (or pass --migrate)"
@@ -333,10 +351,18 @@ def _warn_of_split_ledger(settings: ControlPlaneSettings) -> None:
 
 
 @click.command("migrate")
-def migrate() -> None:
+@click.option(
+    "--to",
+    "revision",
+    metavar="REVISION",
+    help="Move the database's schema to this revision of this release's migrations, down or "
+    "up (before rolling back to a release that cannot run on this one's schema); the spend "
+    "ledger is left as it is.",
+)
+def migrate(revision: str | None) -> None:
     """Apply the control plane's migrations: its database (VKGATE_DATABASE_URL) and its spend
     ledger (VKGATE_LEDGER_URL)."""
-    from controlplane.migrate import upgrade_stores
+    from controlplane.migrate import migrate_to, migrating, upgrade_stores
     from controlplane.settings import database_url, ledger_location
 
     env = E.environment()
@@ -346,7 +372,12 @@ def migrate() -> None:
         ledger = ledger_location(env, E.home(env))
     except E.SettingError as exc:
         raise click.ClickException(f"configuration: {exc}") from None
-    with database_errors(), ledger_errors():
+    if revision is not None:
+        with database_errors(), schema_errors(), migrating(url):
+            migrate_to(url, revision)
+        click.echo(f"database schema at revision {revision}")
+        return
+    with database_errors(), ledger_errors(), schema_errors():
         applied = upgrade_stores(url, ledger)
     click.echo("migrations applied")
     if applied:

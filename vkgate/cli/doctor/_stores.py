@@ -18,15 +18,13 @@ if TYPE_CHECKING:
 
 def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
     """Connect, and compare the schema's revision with the newest migration."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
     from sqlalchemy.pool import NullPool
 
     from controlplane.db import sync_url
-    from controlplane.migrate import alembic_config
+    from controlplane.migrate import schema_state
 
     try:
         url = make_url(database_url)
@@ -76,7 +74,7 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
-            current = MigrationContext.configure(connection).get_current_revision()
+        state = schema_state(database_url)
     except SQLAlchemyError as exc:
         reason = _reason(str(getattr(exc, "orig", None) or exc), url.password)
         return Result(
@@ -88,15 +86,29 @@ def check_database(database_url: str, *, timeout_s: float = 5.0) -> Result:
         )
     finally:
         engine.dispose()
-    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
-    if current != head:
+    if state.behind:
         return Result(
             "database",
             Status.FAIL,
-            f"{where}: schema at revision {current or 'none'}, the newest is {head}",
+            f"{where}: {state.describe()}",
             "run `vkgate migrate` (or start the control plane with --migrate)",
         )
-    return Result("database", Status.OK, f"{where}: reachable, schema current ({head})")
+    if not state.usable:
+        return Result(
+            "database",
+            Status.FAIL,
+            f"{where}: {state.describe()}",
+            "run the release that made this schema, or downgrade the schema with it first",
+        )
+    if state.newer:
+        return Result(
+            "database",
+            Status.WARN,
+            f"{where}: reachable, {state.describe()}",
+            "this is expected right after a rollback; upgrade this control plane again (its "
+            "`vkgate migrate` has nothing to do) when the newer release is wanted back",
+        )
+    return Result("database", Status.OK, f"{where}: reachable, {state.describe()}")
 
 
 def _reason(message: str, password: str | None) -> str:
