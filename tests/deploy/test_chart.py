@@ -106,8 +106,11 @@ def resolved_env(
             env[variable] = entry["value"]
             continue
         ref = entry["valueFrom"]["secretKeyRef"]
-        if manifests.has("Secret", ref["name"]):
-            env[variable] = manifests.secret_data(ref["name"])[ref["key"]]
+        rendered = (
+            manifests.secret_data(ref["name"]) if manifests.has("Secret", ref["name"]) else {}
+        )
+        if ref["key"] in rendered:
+            env[variable] = rendered[ref["key"]]
         elif existing is not None and (ref["name"], ref["key"]) in existing:
             env[variable] = existing[ref["name"], ref["key"]]
         else:
@@ -211,7 +214,7 @@ def test_the_services_accept_the_rendered_settings_and_generated_secrets(
 def test_the_proxy_holds_only_the_secret_it_uses(defaults: Manifests) -> None:
     env = defaults.env("Deployment", PROXY)
     from_secrets = {name for name, entry in env.items() if "valueFrom" in entry}
-    assert from_secrets == {"VKGATE_INTERNAL_SECRET"}
+    assert from_secrets == {"VKGATE_INTERNAL_SECRET", "VKGATE_INTERNAL_SECRET_PREVIOUS"}
 
 
 def test_generated_secrets_are_kept_and_have_the_forms_the_services_need(
@@ -523,6 +526,38 @@ def test_secrets_given_as_values_are_used_as_given(chart: helm.Chart) -> None:
     assert values["VKGATE_INTERNAL_SECRET"] == given["internalSecret"]
     assert values["VKGATE_ENCRYPTION_KEY"] == given["encryptionKey"]
     assert values["VKGATE_ADMIN_TOKEN"] == given["adminToken"]
+
+
+def test_a_rotations_previous_values_reach_the_services_that_accept_them(
+    chart: helm.Chart,
+) -> None:
+    old_key = base64.urlsafe_b64encode(bytes(range(32))).decode()
+    rotation = {
+        "internalSecret": "internal-new-" + "x" * 32,
+        "keyPepper": "pepper-new-" + "x" * 32,
+        "encryptionKey": base64.urlsafe_b64encode(bytes(range(32, 64))).decode(),
+        "previous": {
+            "internalSecret": "internal-old-" + "x" * 32,
+            "jwtSecret": "jwt-old-" + "x" * 32,
+            "keyPeppers": ["pepper-old-" + "x" * 32, "pepper-older-" + "x" * 32],
+            "encryptionKeys": [old_key],
+        },
+    }
+    manifests = render(chart, merge(STORES, {"secrets": rotation}))
+    controlplane = ControlPlaneSettings.from_env(
+        resolved_env(manifests, "Deployment", CONTROLPLANE)
+    )
+    assert controlplane.internal_secrets == (rotation["internalSecret"], "internal-old-" + "x" * 32)
+    assert controlplane.jwt_secret_previous == "jwt-old-" + "x" * 32
+    assert controlplane.key_peppers_previous == tuple(rotation["previous"]["keyPeppers"])
+    assert controlplane.encryption_keys_previous == (bytes(range(32)),)
+    proxy = ProxySettings.from_env(resolved_env(manifests, "Deployment", PROXY))
+    assert proxy.internal_secrets == controlplane.internal_secrets
+    # Without a rotation under way, none is set: the services run with the current values.
+    plain = ControlPlaneSettings.from_env(
+        resolved_env(render(chart, STORES), "Deployment", CONTROLPLANE)
+    )
+    assert plain.internal_secret_previous is None and plain.key_peppers_previous == ()
 
 
 def test_an_upgrade_never_generates_new_secrets_it_could_not_read_back(

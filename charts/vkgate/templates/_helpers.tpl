@@ -155,14 +155,15 @@ imagePullSecrets:
   value: {{ .Values.shutdownGraceSeconds | toString | quote }}
 {{- end -}}
 
-{{/* One of the chart's shared secrets: (dict "root" $ "name" "VKGATE_JWT_SECRET"). */}}
+{{/* One of the chart's shared secrets: (dict "root" $ "name" "VKGATE_JWT_SECRET"). A
+rotation's previous value (`"rotation" true`) is in the Secret only while one is under way. */}}
 {{- define "vkgate.secretEnv" -}}
 - name: {{ .name }}
   valueFrom:
     secretKeyRef:
       name: {{ include "vkgate.secretName" .root }}
       key: {{ .name }}
-      {{- if and .optional .root.Values.secrets.existingSecret }}
+      {{- if or .rotation (and .optional .root.Values.secrets.existingSecret) }}
       optional: true
       {{- end }}
 {{- end -}}
