@@ -450,3 +450,21 @@ async def test_jwts_are_signed_with_the_current_secret_and_verify_with_the_previ
         verify_jwt(before, (NEW_JWT,), now=now)
     with pytest.raises(jwt.ExpiredSignatureError):
         verify_jwt(before, in_force, now=now + timedelta(minutes=16))
+
+
+async def test_a_bundles_etag_is_the_same_on_control_planes_before_and_during_the_rotation(
+    old: ControlPlaneSettings,
+    new: ControlPlaneSettings,
+    clock: ManualClock,
+    clean_database: Database,
+) -> None:
+    """A proxy revalidating its bundles against either replica keeps getting 304s."""
+    async for http in serving(old, clock, clean_database):
+        world = await seed_world(http)
+        path = f"/api/internal/gateway/config/{world.key_id}"
+        before = (await Internal(http, clock).call("GET", path)).headers["etag"]
+    async for http in serving(new, clock, clean_database):
+        during = await Internal(http, clock, NEW_INTERNAL).call(
+            "GET", path, headers={"If-None-Match": before}
+        )
+    assert during.status_code == 304

@@ -154,8 +154,11 @@ async def _sent(
 
 
 def _etag(vk: AppState, tagged: bytes) -> str:
-    # Keyed, so a tag reveals nothing about the credentials inside the bundle.
-    digest = hmac.new(vk.settings.internal_secret.encode(), tagged, hashlib.sha256).hexdigest()
+    # Keyed, so a tag reveals nothing about the credentials inside the bundle. Under the oldest
+    # internal secret in force: while a new one rolls across the control planes, replicas with
+    # and without it give the same tag, so a proxy's revalidation stays a 304 whichever answers.
+    key = vk.settings.internal_secrets[-1].encode()
+    digest = hmac.new(key, tagged, hashlib.sha256).hexdigest()
     return f'"{digest[:32]}"'
 
 
