@@ -106,5 +106,11 @@ async def _authenticate(
     if row.revoked_at is not None:
         return None, "revoked"
     if row.token_hash != hashes[0]:
-        await rehash_token(state.db, token_id=row.id, old=row.token_hash, new=hashes[0])
+        await rehash_token(
+            state.db,
+            token_id=row.id,
+            old=row.token_hash,
+            new=hashes[0],
+            pepper_id=state.hasher.pepper_id,
+        )
     return Actor(id=row.id, role=Role(row.role), organization_id=row.organization_id), ""

@@ -64,7 +64,7 @@ async def _named(tx: Tx, model: type[M], organization_id: str | None = None) -> 
 
 async def seed(settings: ControlPlaneSettings, home: Path, clock: Clock | None = None) -> Demo:
     database = Database(create_engine(settings.database_url))
-    hasher = Hasher(settings.key_pepper)
+    hasher = Hasher(settings.key_pepper, previous=settings.key_peppers_previous)
     saved = _read_saved(home / KEY_FILE)
     try:
         async with database.transaction() as session:
@@ -120,7 +120,7 @@ async def _saved_key(tx: Tx, hasher: Hasher, key: str | None) -> str | None:
         return None
     secret = await tx.session.scalar(
         select(VirtualKeySecret).where(
-            VirtualKeySecret.key_hash == hasher.of_sha256(key_sha256(key))
+            VirtualKeySecret.key_hash.in_(hasher.candidates(key_sha256(key)))
         )
     )
     if secret is None or secret.valid_until is not None:

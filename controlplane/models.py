@@ -141,6 +141,9 @@ class VirtualKeySecret(Base):
         ForeignKey("virtual_keys.id", ondelete="CASCADE"), index=True
     )
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    pepper_id: Mapped[str | None] = mapped_column(String(16))
+    """Which pepper `key_hash` is under (`Hasher.pepper_id`); None: made by a release before
+    this column, under whichever pepper was current then."""
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
     valid_until: Mapped[datetime | None]
@@ -172,6 +175,8 @@ class AdminToken(Base):
     organization_id: Mapped[str | None] = mapped_column(ForeignKey("organizations.id"))
     """Set, the token sees and changes only this organization's resources."""
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    pepper_id: Mapped[str | None] = mapped_column(String(16))
+    """As `VirtualKeySecret.pepper_id`."""
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]

@@ -65,6 +65,14 @@ class Hasher:
 
     def __init__(self, pepper: str, *, previous: Sequence[str] = ()) -> None:
         self._peppers = (pepper.encode(), *(p.encode() for p in previous))
+        self.pepper_ids = tuple(_hmac(p, "vkgate pepper id")[:16] for p in self._peppers)
+        """A short name of each pepper, the current one's first, stored beside each hash so
+        `vkgate secrets status` can count what is still under a previous one; it reveals
+        nothing of the pepper."""
+
+    @property
+    def pepper_id(self) -> str:
+        return self.pepper_ids[0]
 
     def of_sha256(self, sha256_hex: str) -> str:
         return _hmac(self._peppers[0], sha256_hex)

@@ -468,3 +468,48 @@ async def test_a_bundles_etag_is_the_same_on_control_planes_before_and_during_th
             "GET", path, headers={"If-None-Match": before}
         )
     assert during.status_code == 304
+
+
+async def status_cli(env: dict[str, str]) -> Any:
+    result = await asyncio.to_thread(
+        CliRunner().invoke, main, ["secrets", "status", "--json"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+async def test_status_counts_what_is_still_under_a_previous_key_or_pepper_until_it_moves(
+    old: ControlPlaneSettings,
+    new: ControlPlaneSettings,
+    clock: ManualClock,
+    clean_database: Database,
+    database_url: str,
+    tmp_path: Any,
+) -> None:
+    async for http in serving(old, clock, clean_database):
+        world = await seed_world(http)
+        await create(http, "/api/admin/tokens", {"name": "ops", "role": "finance"})
+    env = {
+        **secrets_env(database_url),
+        "VKGATE_HOME": str(tmp_path),
+        "VKGATE_ENCRYPTION_KEY": NEW_KEY,
+        "VKGATE_ENCRYPTION_KEYS_PREVIOUS": ENCRYPTION_KEY,
+        "VKGATE_KEY_PEPPER": NEW_PEPPER,
+        "VKGATE_KEY_PEPPERS_PREVIOUS": KEY_PEPPER,
+    }
+    before = await status_cli(env)
+    assert before == {
+        "credentials": {"current": 0, "previous": 1, "unreadable": []},
+        "virtual_keys": {"current": 0, "not_yet": 1},
+        "admin_tokens": {"current": 0, "not_yet": 1},
+    }
+    async for http in serving(new, clock, clean_database):
+        assert (await resolve(http, clock, NEW_INTERNAL, world.key)).status_code == 200
+        await create(http, "/api/admin/tokens", {"name": "new", "role": "finance"})
+    assert (await reencrypt_cli(env)).exit_code == 0
+    after = await status_cli(env)
+    assert after == {
+        "credentials": {"current": 1, "previous": 0, "unreadable": []},
+        "virtual_keys": {"current": 1, "not_yet": 0},
+        "admin_tokens": {"current": 1, "not_yet": 1},
+    }

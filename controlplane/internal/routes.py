@@ -74,7 +74,14 @@ async def resolve_key(data: JSONBody[ResolveKeyRequest], vk: Vk) -> ResolveKeyRe
             )
         if resolution.stale_hash is not None:
             secret_id, old, new = resolution.stale_hash
-            await rehash_key(vk.db, secret_id=secret_id, vk_id=resolved.vk_id, old=old, new=new)
+            await rehash_key(
+                vk.db,
+                secret_id=secret_id,
+                vk_id=resolved.vk_id,
+                old=old,
+                new=new,
+                pepper_id=vk.hasher.pepper_id,
+            )
         try:
             resolved.bundle, resolved.etag, _ = await _sent(vk, built, now)
         except LedgerError as exc:

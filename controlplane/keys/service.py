@@ -69,6 +69,7 @@ def _new_secret(tx: Tx, hasher: Hasher, vk_id: str) -> tuple[str, VirtualKeySecr
     secret = VirtualKeySecret(
         vk_id=vk_id,
         key_hash=hasher.of_secret(key),
+        pepper_id=hasher.pepper_id,
         prefix=display_prefix(key),
         created_at=tx.clock.now(),
         valid_until=None,

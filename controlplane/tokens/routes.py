@@ -100,6 +100,7 @@ class AdminTokenController(Controller):
                 role=data.role.value,
                 organization_id=data.organization_id,
                 token_hash=vk.hasher.of_secret(token),
+                pepper_id=vk.hasher.pepper_id,
                 prefix=display_prefix(token),
                 created_at=tx.clock.now(),
                 revoked_at=None,

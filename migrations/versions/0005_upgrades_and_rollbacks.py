@@ -1,10 +1,10 @@
-"""the schema's compatibility marker, and the last spend read for each budget
+"""the schema's compatibility marker, the last spend read for each budget, and which pepper each hash is under
 
 Revision ID: 0005
 Revises: 0003
 
 Expand only: the code of the releases before it runs on this schema unchanged (it never reads
-the two new tables), so a rollback needs no downgrade.
+the two new tables, and the two new columns may be null), so a rollback needs no downgrade.
 """
 
 from __future__ import annotations
@@ -42,7 +42,15 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("budget_id", name=op.f("pk_budget_spend_readings")),
     )
 
+    # Null for the hashes made before: under whichever pepper was current then.
+    for table in ("virtual_key_secrets", "admin_tokens"):
+        with op.batch_alter_table(table) as batch:
+            batch.add_column(sa.Column("pepper_id", sa.String(length=16), nullable=True))
+
 
 def downgrade() -> None:
+    for table in ("admin_tokens", "virtual_key_secrets"):
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column("pepper_id")
     op.drop_table("budget_spend_readings")
     op.drop_table("schema_compatibility")

@@ -33,6 +33,73 @@ def generate(which: str) -> None:
     click.echo(GENERATED[_NAMES[which]]())
 
 
+def _control_plane_env() -> dict[str, str]:
+    environ = E.environment()
+    # As `vkgate up` reads them: the secrets file it writes, overridden by the environment.
+    return {**E.load_secrets_file(E.home(environ) / SECRETS_FILE), **environ}
+
+
+@secrets.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(as_json: bool) -> None:
+    """How far a rotation of VKGATE_ENCRYPTION_KEY and VKGATE_KEY_PEPPER has come.
+
+    Counts the stored provider credentials by key, and the virtual keys and admin tokens still
+    usable by pepper: those not yet under the current pepper stop working once the pepper they
+    are under leaves VKGATE_KEY_PEPPERS_PREVIOUS. Run it with the control plane's settings.
+    """
+    from datetime import UTC, datetime
+
+    from controlplane.db import Database, create_engine
+    from controlplane.providers.reencrypt import Reencrypted
+    from controlplane.providers.reencrypt import reencrypt as move
+    from controlplane.rehash import PepperCounts, pepper_counts
+    from controlplane.security import Cipher, Hasher
+    from controlplane.settings import ControlPlaneSettings
+
+    env = _control_plane_env()
+    try:
+        settings = ControlPlaneSettings.from_env(env)
+    except E.SettingError as exc:
+        raise click.ClickException(f"configuration: {exc}") from None
+    cipher = Cipher(settings.encryption_key, previous=settings.encryption_keys_previous)
+    hasher = Hasher(settings.key_pepper, previous=settings.key_peppers_previous)
+
+    async def run() -> tuple[Reencrypted, PepperCounts, PepperCounts]:
+        db = Database(create_engine(settings.database_url))
+        try:
+            credentials = await move(db, cipher, dry_run=True)
+            keys, tokens = await pepper_counts(db, hasher.pepper_id, datetime.now(UTC))
+            return credentials, keys, tokens
+        finally:
+            await db.close()
+
+    with database_errors():
+        credentials, keys, tokens = asyncio.run(run())
+    if as_json:
+        report = {
+            "credentials": {
+                "current": credentials.current,
+                "previous": credentials.moved,
+                "unreadable": credentials.unreadable,
+            },
+            "virtual_keys": {"current": keys.current, "not_yet": keys.not_yet},
+            "admin_tokens": {"current": tokens.current, "not_yet": tokens.not_yet},
+        }
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(
+        f"provider credentials: {credentials.current} under the current key, "
+        f"{credentials.moved} under a previous one (`vkgate secrets reencrypt` moves them), "
+        f"{len(credentials.unreadable)} unreadable"
+    )
+    for name, counts in (("virtual keys", keys), ("admin tokens", tokens)):
+        click.echo(
+            f"{name}: {counts.current} under the current pepper, {counts.not_yet} not yet "
+            "(each moves when next presented)"
+        )
+
+
 @secrets.command("reencrypt")
 @click.option("--dry-run", is_flag=True, help="Count what would move, and write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -50,9 +117,7 @@ def reencrypt(dry_run: bool, as_json: bool) -> None:
     from controlplane.security import Cipher
     from controlplane.settings import database_url
 
-    environ = E.environment()
-    # As `vkgate up` reads them: the secrets file it writes, overridden by the environment.
-    env = {**E.load_secrets_file(E.home(environ) / SECRETS_FILE), **environ}
+    env = _control_plane_env()
     try:
         E.check_unknown(env)
         url = database_url(env, E.home(env))
