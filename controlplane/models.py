@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -80,6 +81,9 @@ class Provider(Base):
     headers_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
     header_names: Mapped[list[str]]
     price_overrides: Mapped[dict[str, Any]]
+    # Whether an OpenAI-format provider serves the Responses API itself (else it is translated
+    # to chat completions); always false for the other kinds.
+    responses_api: Mapped[bool] = mapped_column(server_default=true())
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

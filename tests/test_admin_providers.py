@@ -499,6 +499,50 @@ async def test_patch_price_overrides_replaces_and_null_clears(client: Client, wo
     assert cleared.json()["price_overrides"] == {}
 
 
+async def test_openai_format_providers_serve_the_responses_api_unless_told_not_to(
+    client: Client, world: World, internal: Internal
+) -> None:
+    assert (await get_provider(client, world.provider))["responses_api"] is True
+    assert (await chain_of(internal, world))[0]["responses_api"] is True
+    compatible = await create(
+        client,
+        PROVIDERS,
+        provider_body(
+            world.org,
+            name="vllm",
+            kind="openai_compatible",
+            base_url="http://vllm:8000/v1",
+            responses_api=False,
+        ),
+    )
+    assert compatible["responses_api"] is False
+    path = f"{PROVIDERS}/{world.provider}"
+    patched = await client.patch(path, json={"responses_api": False}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["responses_api"] is False
+    # A proxy learns it with the credential chain, and translates for it from then on.
+    assert (await chain_of(internal, world))[0]["responses_api"] is False
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "mock"])
+async def test_responses_api_is_refused_for_kinds_the_proxy_always_translates_for(
+    client: Client, world: World, kind: str
+) -> None:
+    api_key = None if kind == "mock" else CREDENTIAL
+    refused = await client.post(
+        PROVIDERS,
+        json=provider_body(world.org, kind=kind, api_key=api_key, responses_api=True),
+        headers=ADMIN,
+    )
+    error_of(refused, 422, "validation_error", param="responses_api")
+    created = await create(client, PROVIDERS, provider_body(world.org, kind=kind, api_key=api_key))
+    assert created["responses_api"] is False
+    response = await client.patch(
+        f"{PROVIDERS}/{created['id']}", json={"responses_api": False}, headers=ADMIN
+    )
+    error_of(response, 422, "validation_error", param="responses_api")
+
+
 async def test_patch_to_a_taken_name_conflicts(client: Client, world: World) -> None:
     second = await create(client, PROVIDERS, provider_body(world.org, name="second"))
     response = await client.patch(

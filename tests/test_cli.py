@@ -131,7 +131,9 @@ def test_provider_commands_never_print_the_credential(cli: Cli) -> None:
         cli.ok("providers", "show", added["id"], "--json"),
     ]
     table = outputs[0]
-    assert header_of(table) == ["ID", "ORGANIZATION_ID", "NAME", "KIND", "BASE_URL", "HAS_API_KEY"]
+    assert header_of(table) == [
+        "ID", "ORGANIZATION_ID", "NAME", "KIND", "BASE_URL", "HAS_API_KEY", "RESPONSES_API",
+    ]  # fmt: skip
     assert added["id"] in table and "openai-main" in table
 
     updated = cli.json(
@@ -139,6 +141,9 @@ def test_provider_commands_never_print_the_credential(cli: Cli) -> None:
         "--api-key", ROTATED_CREDENTIAL,
     )  # fmt: skip
     assert updated["name"] == "openai-primary" and updated["has_api_key"] is True
+    assert added["responses_api"] is True
+    translated = cli.json("providers", "update", added["id"], "--no-responses-api")
+    assert translated["responses_api"] is False
     outputs.append(cli.ok("providers", "show", added["id"], "--json"))
     for output in outputs:
         assert PROVIDER_CREDENTIAL not in output

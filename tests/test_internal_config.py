@@ -130,6 +130,7 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "price": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"},
             "max_output_tokens": context_window("openai", "gpt-4o-mini"),
             "unit_price": None,
+            "responses_api": True,
         },
         {
             "provider_id": vllm["id"],
@@ -143,6 +144,7 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "price": None,
             "max_output_tokens": None,
             "unit_price": None,
+            "responses_api": True,
         },
     ]
     # A price override is per upstream model: gpt-4o has none, so genai-prices' price is sent.

@@ -122,6 +122,9 @@ class ChainTarget(msgspec.Struct):
     unit_price: UnitPrice | None = None
     """Its prices in other units than text tokens (override, else genai-prices); None when it
     has none. A model priced by them alone has no `price`."""
+    responses_api: bool = True
+    """An OpenAI-format provider serves the Responses API itself; when false the proxy
+    translates `/v1/responses` to chat completions for it. Ignored for the other kinds."""
 
 
 class BudgetState(msgspec.Struct):

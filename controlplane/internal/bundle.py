@@ -98,6 +98,7 @@ async def _chains(
                 price=_override_price(override) if override else _wire_price(listed),
                 max_output_tokens=listed.max_output_tokens if listed else None,
                 unit_price=_override_units(override) if override else _wire_units(listed),
+                responses_api=provider.responses_api,
             )
         )
     return chains

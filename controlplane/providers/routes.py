@@ -32,6 +32,7 @@ def provider_read(row: Provider) -> ProviderRead:
         has_api_key=row.api_key_encrypted is not None,
         header_names=list(row.header_names),
         price_overrides=msgspec.convert(row.price_overrides, dict[str, PriceOverride]),
+        responses_api=row.responses_api,
         created_at=rfc3339(row.created_at),
         updated_at=rfc3339(row.updated_at),
     )

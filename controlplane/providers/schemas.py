@@ -87,6 +87,9 @@ class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):
         None
     )
     price_overrides: dict[ModelName, PriceOverride] | None = None
+    responses_api: bool | None = None
+    """Whether an `openai`, `azure_openai` or `openai_compatible` provider serves the Responses
+    API itself (the default); false has the proxy translate `/v1/responses` to chat for it."""
 
 
 class ProviderUpdate(msgspec.Struct, forbid_unknown_fields=True):
@@ -104,6 +107,7 @@ class ProviderUpdate(msgspec.Struct, forbid_unknown_fields=True):
         | None
     ) = msgspec.UNSET
     price_overrides: dict[ModelName, PriceOverride] | msgspec.UnsetType | None = msgspec.UNSET
+    responses_api: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ProviderRead(msgspec.Struct):
@@ -116,5 +120,7 @@ class ProviderRead(msgspec.Struct):
     has_api_key: bool
     header_names: list[str]
     price_overrides: dict[str, PriceOverride]
+    responses_api: bool
+    """Serves the Responses API itself; false for a provider the proxy translates it for."""
     created_at: str
     updated_at: str

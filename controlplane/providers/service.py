@@ -28,6 +28,21 @@ DEFAULT_BASE_URLS = {
 }
 NEEDS_BASE_URL = {ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
 NEEDS_API_KEY = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.ANTHROPIC}
+OPENAI_FORMAT = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
+"""The kinds that may serve the Responses API themselves (`responses_api`)."""
+
+
+def _responses_api(kind: ProviderKind, given: bool | None) -> bool:
+    """What a provider of `kind` stores for `responses_api`; a 422 when the kind takes none."""
+    if kind in OPENAI_FORMAT:
+        return True if given is None else given
+    if given is not None:
+        raise invalid(
+            f"responses_api applies to openai, azure_openai and openai_compatible providers; "
+            f"the proxy translates the Responses API for a {kind} provider",
+            param="responses_api",
+        )
+    return False
 
 
 def _check_kind_rules(
@@ -159,6 +174,7 @@ async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
         headers_encrypted=_seal_headers(cipher, provider_id, data.headers),
         header_names=sorted(data.headers or {}),
         price_overrides=_prices(data.price_overrides),
+        responses_api=_responses_api(data.kind, data.responses_api),
         created_at=now,
         updated_at=now,
     )
@@ -207,6 +223,9 @@ async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate)
     if data.price_overrides is not msgspec.UNSET:
         row.price_overrides = _prices(data.price_overrides)
         changed.append("price_overrides")
+    if data.responses_api is not msgspec.UNSET:
+        row.responses_api = _responses_api(kind, data.responses_api)
+        changed.append("responses_api")
     row.updated_at = tx.clock.now()
     await _record(tx, row, "provider.update", {"fields": changed})
     return row

@@ -12,7 +12,15 @@ from vkgate import env as E
 from vkgate.cli._context import add_resource_commands, admin_client, parse_pairs
 from vkgate.cli._output import json_option, show
 
-PROVIDER_COLUMNS = ("id", "organization_id", "name", "kind", "base_url", "has_api_key")
+PROVIDER_COLUMNS = (
+    "id",
+    "organization_id",
+    "name",
+    "kind",
+    "base_url",
+    "has_api_key",
+    "responses_api",
+)
 POLICY_COLUMNS = ("id", "organization_id", "name", "aliases")
 KINDS = ("openai", "azure_openai", "anthropic", "openai_compatible", "mock")
 
@@ -57,6 +65,13 @@ def _provider_options(function: Any) -> Any:
             click.option("--api-version", help="Azure OpenAI API version."),
             click.option("--header", "headers", multiple=True, help="Extra header NAME=VALUE."),
             click.option("--price", "prices", multiple=True, help="MODEL=IN,OUT[,CR,CW] USD/Mtok."),
+            click.option(
+                "--responses-api/--no-responses-api",
+                "responses_api",
+                default=None,
+                help="Whether an OpenAI-format provider serves the Responses API itself "
+                "(the default); --no-responses-api has the proxy translate it to chat.",
+            ),
         ]
     ):
         function = option(function)
@@ -84,6 +99,7 @@ def provider_add(
     api_version: str | None,
     headers: tuple[str, ...],
     prices: tuple[str, ...],
+    responses_api: bool | None,
     as_json: bool,
 ) -> None:
     body: dict[str, Any] = {"organization_id": org_id, "name": name, "kind": kind}
@@ -93,6 +109,7 @@ def provider_add(
         "api_version": api_version,
         "headers": parse_pairs(headers, "--header") or None,
         "price_overrides": _prices(prices),
+        "responses_api": responses_api,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     show(admin_client().post("/api/admin/providers", body), PROVIDER_COLUMNS, as_json=as_json)
@@ -112,6 +129,7 @@ def provider_update(
     api_version: str | None,
     headers: tuple[str, ...],
     prices: tuple[str, ...],
+    responses_api: bool | None,
     as_json: bool,
 ) -> None:
     changes = {
@@ -121,6 +139,7 @@ def provider_update(
         "api_version": api_version,
         "headers": parse_pairs(headers, "--header") or None,
         "price_overrides": _prices(prices),
+        "responses_api": responses_api,
     }
     body = {k: v for k, v in changes.items() if v is not None}
     if not body:
