@@ -1,0 +1,1 @@
+"""OpenAI's Responses API through the gateway: the exchange, stored responses, sealed ids."""
