@@ -27,6 +27,7 @@ decides for a URL is worked out once, with the rest of the URL's request line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Mapping
@@ -86,7 +87,7 @@ class _Target:
         call it forwards); inside a tunnel, only the provider answers."""
 
 
-def _target(url: str, egress: Egress) -> _Target:
+def _target(url: str, egress: Egress, method: str = "POST") -> _Target:
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -114,11 +115,11 @@ def _target(url: str, egress: Egress) -> _Target:
     if parts.query:
         path += "?" + quote(parts.query, safe=_PATH_SAFE)
     proxy = egress.proxy_for(scheme, host, port)
-    request_line = f"POST {path} HTTP/1.1\r\n"
+    request_line = f"{method} {path} HTTP/1.1\r\n"
     if proxy is not None and scheme == "http":
         # Forwarded by the proxy: the request names its whole URL, and carries the proxy's
         # credentials (a tunnelled https call gave them to CONNECT instead).
-        request_line = f"POST http://{named}{path} HTTP/1.1\r\n"
+        request_line = f"{method} http://{named}{path} HTTP/1.1\r\n"
         if proxy.authorization is not None:
             request_line += f"proxy-authorization: {proxy.authorization}\r\n"
     return _Target(
@@ -189,6 +190,37 @@ class HttpClient:
             response = await connection.request((head, body), deadline, self._timeouts)
         if response.status == 407 and target.forwarder is not None:
             # The forwarding proxy's own answer, not the provider's: no provider saw the call.
+            response.close()
+            _, host, port, _ = target.origin
+            raise refusal(target.forwarder, host, port, 407, "Proxy Authentication Required")
+        return response
+
+    async def request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> Response:
+        """Any other call (`GET` or `DELETE` of an object a provider stores): rare, so its
+        request line is made for it rather than remembered, and `post` stays as it was."""
+        if self._closed:
+            raise ProviderUnreachable("the proxy is shutting down")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeouts.total_s
+        target = _target(url, self._egress, method)
+        head = self._head(target, headers, len(body))
+        connection = self._reuse(target.origin)
+        response = None
+        if connection is not None:
+            self._watch_time(loop)
+            with contextlib.suppress(StaleConnection):
+                response = await connection.request((head, body), deadline, self._timeouts)
+            if response is None and self._closed:
+                raise ProviderUnreachable("the proxy is shutting down")
+        if response is None:
+            connection = await self._connect(target)
+            self._watch_time(loop)
+            response = await connection.request((head, body), deadline, self._timeouts)
+        if response.status == 407 and target.forwarder is not None:
             response.close()
             _, host, port, _ = target.origin
             raise refusal(target.forwarder, host, port, 407, "Proxy Authentication Required")

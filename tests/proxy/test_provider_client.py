@@ -168,6 +168,33 @@ async def test_request_carries_the_path_query_host_agent_length_and_headers(
     assert body == BODY
 
 
+async def test_get_and_delete_go_with_their_method_and_share_the_posts_connection(
+    http: HttpClient,
+) -> None:
+    answers = (json_answer(b'{"n":%d}' % i) for i in range(4))
+    async with Scripted(*answers) as server:
+        base = f"http://127.0.0.1:{server.port}/v1/responses"
+        calls = [
+            http.post(base, BODY, {}),
+            http.request("GET", base + "/resp_1/input_items?limit=2&order=asc", {"a": "b"}),
+            http.request("DELETE", base + "/resp_1", {}),
+            http.post(base, BODY, {}),
+        ]
+        for i, call in enumerate(calls):
+            reply = await call
+            assert (reply.status, await reply.read()) == (200, b'{"n":%d}' % i)
+    assert server.connections == 1
+    lines = [head.decode().split("\r\n") for head, _ in server.requests]
+    assert [line[0] for line in lines] == [
+        "POST /v1/responses HTTP/1.1",
+        "GET /v1/responses/resp_1/input_items?limit=2&order=asc HTTP/1.1",
+        "DELETE /v1/responses/resp_1 HTTP/1.1",
+        "POST /v1/responses HTTP/1.1",
+    ]
+    assert "a: b" in lines[1] and "content-length: 0" in lines[1]
+    assert [body for _, body in server.requests] == [BODY, b"", b"", BODY]
+
+
 async def test_while_requests_are_in_flight_a_call_is_sent_at_the_loops_next_turn(
     http: HttpClient,
 ) -> None:
