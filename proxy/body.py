@@ -53,6 +53,19 @@ class MessagesFields(msgspec.Struct):
     metadata: MessagesMetadata | None = None
 
 
+class ResponsesFields(msgspec.Struct):
+    """What `POST /v1/responses` (OpenAI's Responses API) routing and accounting need."""
+
+    model: Model
+    stream: bool | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    max_output_tokens: Count | None = None
+    previous_response_id: Annotated[str, NonEmpty] | None = None
+    background: bool | None = None
+    store: bool | None = None
+
+
 class EmbeddingFields(msgspec.Struct):
     model: Model
     input: msgspec.Raw
@@ -63,6 +76,7 @@ TOO_DEEP = "request body is nested too deeply to be read"
 _chat = msgspec.json.Decoder(ChatFields)
 _embeddings = msgspec.json.Decoder(EmbeddingFields)
 _messages = msgspec.json.Decoder(MessagesFields)
+_responses = msgspec.json.Decoder(ResponsesFields)
 _encode = msgspec.json.Encoder().encode
 _PATH = re.compile(r"at `\$\.([A-Za-z0-9_]+)")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
@@ -109,6 +123,10 @@ def chat_fields(body: bytes) -> ChatFields:
 
 def messages_fields(body: bytes) -> MessagesFields:
     return _decoded(_messages, body)
+
+
+def responses_fields(body: bytes) -> ResponsesFields:
+    return _decoded(_responses, body)
 
 
 def embedding_fields(body: bytes) -> EmbeddingFields:
@@ -179,6 +197,14 @@ def ask_for_usage(body: bytes, fields: ChatFields) -> bytes:
     document = _document(body)
     options = document.get("stream_options")
     document["stream_options"] = {**(options or {}), "include_usage": True}
+    return _encode(document)
+
+
+def patch_fields(body: bytes, **fields: str) -> bytes:
+    """`body` with each top-level field of `fields` set to its string: decoded and encoded
+    again, for the rare request that needs more than `model` changed."""
+    document = _document(body)
+    document.update(fields)
     return _encode(document)
 
 

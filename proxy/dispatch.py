@@ -571,7 +571,7 @@ class Dispatcher:
             error = ProxyError(
                 _failure_code(exc), "the provider's stream broke off before it finished"
             )
-            tail = pending + stream_error(exchange.client, error)
+            tail = pending + stream_error(exchange.client, error, pipe)
         finally:
             reply.close()
         outcome.usage, outcome.served_model = pipe.usage, pipe.model

@@ -17,6 +17,7 @@ from proxy import usage as U
 from proxy.errors import ProxyError, invalid
 from proxy.providers import Operation, Upstream
 from proxy.providers.base import WireFormat
+from proxy.responses.exchange import stream_error as responses_stream_error
 from proxy.sse import UsageChunkFilter
 from proxy.translate import anthropic_openai, openai_anthropic
 from proxy.usage import TokenUsage
@@ -126,10 +127,13 @@ class _AnthropicStream:
         return b""
 
 
-def stream_error(client: WireFormat, error: ProxyError) -> bytes:
-    """The last event of a stream that broke after it started, in the client's format."""
+def stream_error(client: WireFormat, error: ProxyError, pipe: StreamPipe | None = None) -> bytes:
+    """The last event of a stream that broke after it started, in the client's format (a
+    Responses stream's numbered after the last event `pipe` passed on)."""
     if client is WireFormat.ANTHROPIC:
         return b"event: error\ndata: " + error.anthropic_body() + b"\n\n"
+    if client is WireFormat.RESPONSES:
+        return responses_stream_error(pipe, error)
     return b"data: " + error.openai_body() + b"\n\n"
 
 

@@ -33,7 +33,7 @@ from proxy.auth import AuthCache
 from proxy.breaker import Breakers
 from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
 from proxy.limits.cost import Prompt
@@ -45,6 +45,9 @@ from proxy.pace import Pace
 from proxy.prepared import Prepared
 from proxy.providers import Upstream
 from proxy.providers.base import WireFormat
+from proxy.responses import stored
+from proxy.responses.exchange import ResponsesExchange, narrowed, opened_previous
+from proxy.responses.ids import ResponseIds
 from proxy.runtime import KeyRuntime
 from proxy.settings import ProxySettings
 from proxy.spend import records
@@ -195,6 +198,8 @@ class Gateway:
             log_requests=settings.log_requests,
             telemetry_key=settings.telemetry_key,
         )
+        self._response_ids = ResponseIds((settings.internal_secret,))
+        self._stored = stored.StoredResponses(self._response_ids)
         self._routes: dict[str, Route] = {
             "/chat/completions": Route("/v1/chat/completions", self._chat),
             "/messages": Route("/v1/messages", self._messages, anthropic=True),
@@ -204,6 +209,7 @@ class Gateway:
             "/audio/translations": Route("/v1/audio/translations", audio.translation),
             "/images/generations": Route("/v1/images/generations", images.generation),
             "/images/edits": Route("/v1/images/edits", images.edit),
+            "/responses": Route("/v1/responses", self._responses),
         }
 
     @property
@@ -217,7 +223,14 @@ class Gateway:
         path = scope["path"].rstrip("/")
         route = self._routes.get(path)
         anthropic = route is not None and route.anthropic
-        label = route.path if route is not None else _route_label(path)
+        call = stored.route(path, scope["method"]) if route is None else None
+        label = (
+            route.path
+            if route is not None
+            else call.label
+            if call is not None
+            else _route_label(path)
+        )
         trace = (
             self._tracing.start_request(scope["method"], label, head)
             if self._tracing is not None
@@ -250,6 +263,11 @@ class Gateway:
                 headers = [(b"content-type", JSON), (b"x-request-id", head.request_id)]
                 await respond(send, 200, found, headers)
                 status, code = 200, None
+            elif call is not None:
+                stored.allowed(call, scope["method"])
+                runtime = await self._authenticate(scope, head)
+                status = await self._serve_stored(call, scope, runtime, head, send)
+                code = None
             else:
                 raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
         except ProxyError as exc:
@@ -368,6 +386,8 @@ class Gateway:
             prepared = ticket.request = route.prepare(runtime, head, body)
             try:
                 chain = chain_for(runtime, prepared.model)
+                if prepared.narrow is not None:
+                    chain = prepared.narrow(chain)
             except ProxyError as exc:
                 # Rate limits come before policy: the request is counted, then refused.
                 chain, refused = (), exc
@@ -536,6 +556,67 @@ class Gateway:
         exchange = EmbeddingsExchange(body, fields.model)
         # Embeddings answer with no output tokens.
         return Prepared(fields.model, exchange, head.end_user or fields.user or None, body, 0)
+
+    def _responses(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:
+        fields = B.responses_fields(body)
+        if fields.background:
+            raise invalid(
+                "background responses are not served: the gateway meters and settles each "
+                "response when it ends, while its request is open",
+                param="background",
+            )
+        previous = None
+        if fields.previous_response_id is not None:
+            previous = opened_previous(
+                self._response_ids, fields.previous_response_id, runtime.organization_id
+            )
+        exchange = ResponsesExchange(
+            body,
+            fields.model,
+            stream=bool(fields.stream),
+            stored=fields.store is not False,
+            ids=self._response_ids,
+            organization_id=runtime.organization_id,
+            created=int(self._clock.time()),
+            previous=previous,
+            previous_id=fields.previous_response_id,
+        )
+        return Prepared(
+            fields.model,
+            exchange,
+            head.end_user or fields.user or fields.safety_identifier or None,
+            body,
+            fields.max_output_tokens,
+            narrow=narrowed(previous, fields.model) if previous is not None else None,
+        )
+
+    async def _serve_stored(
+        self, call: stored.Call, scope: Scope, runtime: KeyRuntime, head: Head, send: Send
+    ) -> int:
+        """A stored response's call: counted by the key's rate limits, never priced."""
+        hold: Hold | None = None
+        if runtime.rate_plan is not None:
+            hold = await self._governor.admit(
+                f"{self._hold_prefix}{next(self._holds)}",
+                runtime.rate_plan,
+                (),
+                0,
+                Worst(0, 0),
+                (),
+                None,
+            )
+        try:
+            query = scope.get("query_string", b"").decode("latin-1")
+            return await self._stored.serve(
+                call, query, runtime, head, send, hold.headers if hold is not None else ()
+            )
+        except ProxyError as exc:
+            if hold is not None and hold.headers:
+                exc.headers = (*exc.headers, *hold.headers)
+            raise
+        finally:
+            if hold is not None:
+                await self._governor.finish(hold, None, None)
 
     def _recheck(self, head: Head, runtime: KeyRuntime, model: str) -> Recheck:
         """Before a further paid attempt, whether the key may still be used for `model`.

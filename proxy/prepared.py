@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -10,6 +11,7 @@ from proxy.limits.budgets import Worst
 
 if TYPE_CHECKING:
     from proxy.dispatch import Outcome
+    from proxy.providers import Upstream
     from vkgate.spend import SpendRecord
 
 
@@ -39,3 +41,6 @@ class Prepared:
     """With `worst`: the tokens the rate limits take up front (else sized from the body)."""
     worst: Worst | None = None
     """What the budgets reserve (else sized from the body and `max_output`)."""
+    narrow: Callable[[tuple[Upstream, ...]], tuple[Upstream, ...]] | None = None
+    """Keeps the credentials of the alias's chain that can serve this request (a stored
+    response's own, for `previous_response_id`), or refuses it."""

@@ -85,6 +85,68 @@ def openai_answer(data: bytes) -> tuple[TokenUsage | None, str | None]:
     return (from_openai(answer.usage) if answer.usage else None), answer.model
 
 
+# -- OpenAI's Responses API --------------------------------------------------------------------
+
+
+class ResponsesInputDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+
+class ResponsesOutputDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class ResponsesUsage(msgspec.Struct):
+    """A response's `usage`: input counts cached tokens in, output counts reasoning in."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    input_tokens_details: ResponsesInputDetails | None = None
+    output_tokens_details: ResponsesOutputDetails | None = None
+
+
+def from_responses(usage: ResponsesUsage) -> TokenUsage:
+    given = usage.input_tokens_details
+    made = usage.output_tokens_details
+    return TokenUsage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=(given.cached_tokens or 0) if given else 0,
+        cache_write_tokens=(given.cache_write_tokens or 0) if given else 0,
+        reasoning_tokens=(made.reasoning_tokens or 0) if made else 0,
+    )
+
+
+class ResponseFacts(msgspec.Struct):
+    """What the gateway reads of a response object: its id (to seal), model and usage."""
+
+    id: str | None = None
+    model: str | None = None
+    usage: ResponsesUsage | None = None
+
+
+_response_facts = msgspec.json.Decoder(ResponseFacts)
+
+
+def response_facts(data: bytes) -> ResponseFacts:
+    """A response object's id, model and usage; empty for JSON of another shape, and
+    `MalformedAnswer` when the body is not JSON."""
+    try:
+        return _response_facts.decode(data)
+    except (msgspec.ValidationError, RecursionError):
+        return ResponseFacts()
+    except msgspec.DecodeError:
+        raise MalformedAnswer from None
+
+
+def responses_answer(data: bytes) -> tuple[TokenUsage | None, str | None]:
+    """Usage and served model of a response object; `MalformedAnswer` when it is not JSON."""
+    facts = response_facts(data)
+    return (from_responses(facts.usage) if facts.usage else None), facts.model
+
+
 # -- Anthropic --------------------------------------------------------------------------------
 
 
@@ -195,7 +257,7 @@ class AnthropicStreamUsage:
 
     def feed(self, chunk: bytes) -> None:
         buffer = self._tail + chunk if self._tail else chunk
-        end = _events_end(buffer)
+        end = events_end(buffer)
         if end <= 0:
             self._tail = buffer
             return
@@ -230,7 +292,7 @@ class AnthropicStreamUsage:
         self.usage = from_anthropic(self._reported)
 
 
-def _events_end(buffer: bytes) -> int:
+def events_end(buffer: bytes) -> int:
     """Where the last complete event of `buffer` ends (0 when none does)."""
     lf = buffer.rfind(b"\n\n")
     end = lf + 2 if lf >= 0 else 0

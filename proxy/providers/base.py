@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from proxy.limits.cost import Rates
 from vkgate.wire import ChainTarget, Price
@@ -22,6 +22,9 @@ class Operation(StrEnum):
     TRANSLATION = "audio translation"
     IMAGE_GENERATION = "image generation"
     IMAGE_EDIT = "image edit"
+    RESPONSES = "responses"
+    """OpenAI's Responses API, served by the provider itself (its URL is where the provider's
+    stored responses live too)."""
 
 
 class WireFormat(StrEnum):
@@ -29,6 +32,9 @@ class WireFormat(StrEnum):
 
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    RESPONSES = "responses"
+    """OpenAI's Responses API, as a client speaks it. A provider that serves it speaks OpenAI's
+    format with `Operation.RESPONSES` among its URLs; any other is translated for."""
 
 
 class ProviderUnreachable(Exception):
@@ -86,6 +92,18 @@ class Upstream:
     """`price` as integer rates, for budgets; None when the model has no known price."""
     max_output_tokens: int | None = None
     """The model's output cap, when known: what a budget reserves absent `max_tokens`."""
+
+
+@runtime_checkable
+class StoresResponses(Protocol):
+    """A provider adapter that can reach the responses a credential's provider stores."""
+
+    async def stored(
+        self, upstream: Upstream, method: str, path: str, query: str, headers: Mapping[str, str]
+    ) -> Reply:
+        """`method` on `path` (`/resp_…`, `/resp_…/input_items`) under the Responses API's URL,
+        with the client's `query` string added to the URL's own."""
+        ...
 
 
 class Provider(Protocol):

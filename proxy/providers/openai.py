@@ -28,19 +28,35 @@ PATHS = {
 }
 AZURE_API_VERSION = "2024-10-21"
 """Azure's API version when a credential names none: a GA one that takes `stream_options`."""
+AZURE_RESPONSES_API_VERSION = "2025-04-01-preview"
+"""Azure's API version for the Responses API when the credential's own is older than the
+first that serves it (`2025-03-01-preview`), as the usual chat versions are."""
+_FIRST_AZURE_RESPONSES_VERSION = "2025-03-01"
 
 UrlBuilder = Callable[[str, ChainTarget], dict[Operation, str]]
 
 
 def _under_base(base: str, target: ChainTarget) -> dict[Operation, str]:
-    return {operation: base + path for operation, path in PATHS.items()}
+    urls = {operation: base + path for operation, path in PATHS.items()}
+    if target.responses_api:
+        urls[Operation.RESPONSES] = base + "/responses"
+    return urls
 
 
 def _azure_deployment(base: str, target: ChainTarget) -> dict[Operation, str]:
     # Azure routes by deployment, named in the path: the chain target's model is that name.
     deployment = base + "/openai/deployments/" + quote(target.model, safe="")
     query = "?api-version=" + quote(target.api_version or AZURE_API_VERSION, safe="")
-    return {operation: deployment + path + query for operation, path in PATHS.items()}
+    urls = {operation: deployment + path + query for operation, path in PATHS.items()}
+    if target.responses_api:
+        # The Responses API is not under the deployment: the body's `model` names it.
+        version = target.api_version or ""
+        if not version[:4].isdigit() or version[:10] < _FIRST_AZURE_RESPONSES_VERSION:
+            version = AZURE_RESPONSES_API_VERSION
+        urls[Operation.RESPONSES] = (
+            base + "/openai/responses?api-version=" + quote(version, safe="")
+        )
+    return urls
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +114,11 @@ class OpenAIFormat:
         self, upstream: Upstream, operation: Operation, body: bytes, headers: Mapping[str, str]
     ) -> Reply:
         return await self._client.post(upstream.urls[operation], body, headers)
+
+    async def stored(
+        self, upstream: Upstream, method: str, path: str, query: str, headers: Mapping[str, str]
+    ) -> Reply:
+        base, _, own = upstream.urls[Operation.RESPONSES].partition("?")
+        joined = "&".join(part for part in (own, query) if part)
+        url = base + path + ("?" + joined if joined else "")
+        return await self._client.request(method, url, headers)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -74,6 +74,32 @@ def _join(path: str, field: str) -> str:
 def provider_error(what: str) -> ProxyError:
     """The provider's answer could not be read: its fault, not the client's."""
     return ProxyError(ErrorCode.PROVIDER_ERROR, f"the provider's answer could not be read: {what}")
+
+
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def anthropic_image(url: str, param: str) -> dict[str, Any]:
+    """Anthropic's image block for an image URL (`param` names it): a base64 `data:` URL of a
+    type Anthropic takes, or an http(s) URL it fetches itself."""
+    if url.startswith("data:"):
+        header, comma, data = url[5:].partition(",")
+        media_type, *params = header.split(";")
+        if not comma or not params or params[-1] != "base64":
+            raise invalid(f"`{param}` must be a base64 `data:` URL", param=param)
+        media_type = media_type.lower()
+        if media_type not in _IMAGE_TYPES:
+            raise invalid(
+                f"`{param}` holds an image type Anthropic does not take "
+                "(it takes image/jpeg, image/png, image/gif and image/webp)",
+                param=param,
+            )
+        source = {"type": "base64", "media_type": media_type, "data": data}
+    elif url.startswith(("https://", "http://")):
+        source = {"type": "url", "url": url}
+    else:
+        raise invalid(f"`{param}` must be an http(s) or `data:` URL", param=param)
+    return {"type": "image", "source": source}
 
 
 # -- ids ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from proxy.translate._common import (
     FINISH_REASONS,
     OPENAI_TYPES,
     OpenAIUsageOut,
+    anthropic_image,
     openai_error_type,
     openai_id,
     openai_usage,
@@ -52,7 +53,6 @@ from vkgate.wire import ErrorBody, ErrorDetail
 DEFAULT_MAX_TOKENS = 4096
 """`max_tokens` sent to Anthropic, which requires one, when the client set no limit."""
 
-_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _EMPTY_SCHEMA = msgspec.Raw(b'{"type":"object","properties":{}}')
 _EMPTY_INPUT = msgspec.Raw(b"{}")
 _ABSENT = msgspec.Raw(b"null")
@@ -365,25 +365,7 @@ def _user_content(content: str | list[_TextPart | _ImagePart], at: str) -> Conte
 def _image(image: _ImageURL, at: str) -> dict[str, Any]:
     if image.detail not in (None, "auto"):
         raise refused(f"{at}.detail", ANTHROPIC, ": it has no image detail levels")
-    url = image.url
-    if url.startswith("data:"):
-        header, comma, data = url[5:].partition(",")
-        media_type, *params = header.split(";")
-        if not comma or not params or params[-1] != "base64":
-            raise invalid(f"`{at}.url` must be a base64 `data:` URL", param=f"{at}.url")
-        media_type = media_type.lower()
-        if media_type not in _IMAGE_TYPES:
-            raise invalid(
-                f"`{at}.url` holds an image type Anthropic does not take "
-                "(it takes image/jpeg, image/png, image/gif and image/webp)",
-                param=f"{at}.url",
-            )
-        source = {"type": "base64", "media_type": media_type, "data": data}
-    elif url.startswith(("https://", "http://")):
-        source = {"type": "url", "url": url}
-    else:
-        raise invalid(f"`{at}.url` must be an http(s) or `data:` URL", param=f"{at}.url")
-    return {"type": "image", "source": source}
+    return anthropic_image(image.url, f"{at}.url")
 
 
 def _assistant_content(message: _AssistantMessage, at: str) -> Content:

@@ -187,8 +187,10 @@ class Tenant:
     key: str
 
 
-async def make_tenant(client: httpx.AsyncClient, upstream_url: str, api_key: str) -> Tenant:
-    org = (await create(client, "/api/admin/organizations", {"name": "acme"}))["id"]
+async def make_tenant(
+    client: httpx.AsyncClient, upstream_url: str, api_key: str, name: str = "acme"
+) -> Tenant:
+    org = (await create(client, "/api/admin/organizations", {"name": name}))["id"]
     project = (
         await create(client, "/api/admin/projects", {"organization_id": org, "name": "chat"})
     )["id"]

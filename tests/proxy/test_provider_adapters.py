@@ -319,7 +319,18 @@ def test_openai_defaults_to_openais_own_address(http_client: HttpClient) -> None
         Operation.TRANSLATION: "https://api.openai.com/v1/audio/translations",
         Operation.IMAGE_GENERATION: "https://api.openai.com/v1/images/generations",
         Operation.IMAGE_EDIT: "https://api.openai.com/v1/images/edits",
+        Operation.RESPONSES: "https://api.openai.com/v1/responses",
     }
+
+
+def test_a_provider_without_the_responses_api_has_no_responses_url(
+    http_client: HttpClient,
+) -> None:
+    for kind, base in (("openai_compatible", "http://vllm:8000/v1"), ("azure_openai", "https://a")):
+        declared = target(kind, base, "m", "sk-x", responses_api=False, api_version="2024-10-21")
+        upstream = adapter(kind, http_client).compile(declared)
+        assert Operation.RESPONSES not in upstream.urls
+        assert Operation.CHAT in upstream.urls
 
 
 def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
@@ -338,8 +349,29 @@ def test_azure_names_the_deployment_in_the_path_with_a_default_api_version(
         Operation.TRANSLATION: f"{deployment}/audio/translations{version}",
         Operation.IMAGE_GENERATION: f"{deployment}/images/generations{version}",
         Operation.IMAGE_EDIT: f"{deployment}/images/edits{version}",
+        Operation.CHAT: f"{deployment}/chat/completions?api-version=2024-10-21",
+        Operation.EMBEDDINGS: f"{deployment}/embeddings?api-version=2024-10-21",
+        # Not under the deployment, and at a version that serves it.
+        Operation.RESPONSES: (
+            "https://acme.openai.azure.com/openai/responses?api-version=2025-04-01-preview"
+        ),
     }
     assert upstream.headers == {"Content-Type": "application/json", "api-key": "azure-key"}
+
+
+def test_azure_keeps_a_credentials_api_version_that_serves_the_responses_api(
+    http_client: HttpClient,
+) -> None:
+    for version, used in (
+        ("2025-03-01-preview", "2025-03-01-preview"),
+        ("2026-01-01", "2026-01-01"),
+        ("2024-12-01-preview", "2025-04-01-preview"),
+        ("preview", "2025-04-01-preview"),
+    ):
+        upstream = adapter("azure_openai", http_client).compile(
+            target("azure_openai", "https://a.example", "d", "k", api_version=version)
+        )
+        assert upstream.urls[Operation.RESPONSES].endswith(f"?api-version={used}")
 
 
 def test_anthropic_defaults_to_its_root_and_version_and_keeps_extra_headers(

@@ -25,6 +25,19 @@ from tests.support import fake_openai_media
 
 API_KEY = "sk-fake-upstream-credential-0f3a"
 REPLY = "Hi there! I am the fake upstream."
+REPLY_PIECES = ("Hi", " there!", " I am the fake upstream.")
+"""The `output_text` deltas of a streamed response: together, `REPLY`."""
+JSON_REPLY = '{"city":"Paris","temperature_c":21}'
+"""A response's text when its request asks for a JSON schema (`text.format`)."""
+TOOL_ARGUMENTS = '{"city": "Paris"}'
+RESPONSES_USAGE = {
+    "input_tokens": 13,
+    "input_tokens_details": {"cached_tokens": 5, "cache_write_tokens": 0},
+    "output_tokens": 9,
+    "output_tokens_details": {"reasoning_tokens": 2},
+    "total_tokens": 22,
+}
+"""What every response of the fake reports: some input cached, some output reasoning."""
 
 
 @dataclass
@@ -137,6 +150,8 @@ class FakeOpenAI(FakeProvider):
     """Base URL as OpenAI's SDK takes it, ending in /v1."""
     azure_deployments: set[str] | None = None
     """Deployments the Azure routes know (others are 404 `DeploymentNotFound`); None: any."""
+    responses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Stored responses by id, each `{"response": …, "input": […]}`, as OpenAI keeps them."""
 
     @property
     def azure_endpoint(self) -> str:
@@ -334,7 +349,67 @@ def _app(fake: FakeOpenAI) -> web.Application:
             }
         )
 
+    def responses_gate(request: web.Request) -> web.Response | None:
+        if request.path.startswith("/openai/"):
+            if not request.query.get("api-version"):
+                return _azure_error(404, "404", "Resource not found")
+            if request.headers.get("api-key") != fake.api_key:
+                return _azure_error(401, "401", "Access denied due to invalid subscription key.")
+            return fake.next_failure()
+        return gate(request)
+
+    async def create_response(request: web.Request) -> web.StreamResponse:
+        body = await fake.admit(request)
+        refusal = responses_gate(request)
+        if refusal is not None:
+            return refusal
+        return await _create_response(fake, request, json.loads(body))
+
+    async def stored_response(request: web.Request) -> web.StreamResponse:
+        await fake.admit(request)
+        refusal = responses_gate(request)
+        if refusal is not None:
+            return refusal
+        ident = request.match_info["id"]
+        kept = fake.responses.get(ident)
+        if kept is None:
+            return _not_found(ident)
+        suffix = request.match_info.get("suffix", "")
+        if suffix == "input_items":
+            items = kept["input"]
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": items,
+                    "first_id": items[0]["id"] if items else None,
+                    "last_id": items[-1]["id"] if items else None,
+                    "has_more": False,
+                }
+            )
+        if suffix == "cancel":
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "Only responses created with background=true can be cancelled.",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status=400,
+            )
+        if request.method == "DELETE":
+            del fake.responses[ident]
+            return web.json_response({"id": ident, "object": "response", "deleted": True})
+        return web.json_response(kept["response"])
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    for base in ("/v1/responses", "/openai/responses"):
+        app.router.add_post(base, create_response)
+        app.router.add_get(base + "/{id}", stored_response)
+        app.router.add_delete(base + "/{id}", stored_response)
+        app.router.add_get(base + "/{id}/{suffix:input_items}", stored_response)
+        app.router.add_post(base + "/{id}/{suffix:cancel}", stored_response)
     app.router.add_post("/v1/chat/completions", openai_route(chat))
     app.router.add_post("/v1/embeddings", openai_route(embeddings))
     app.router.add_get("/v1/models", models)
@@ -343,6 +418,222 @@ def _app(fake: FakeOpenAI) -> web.Application:
     app.router.add_post(deployment + "/embeddings", azure_route(embeddings))
     fake_openai_media.add_routes(app, fake, gate, azure_gate)
     return app
+
+
+def _not_found(ident: str, param: str | None = None) -> web.Response:
+    return web.json_response(
+        {
+            "error": {
+                "message": f"Response with id '{ident}' not found.",
+                "type": "invalid_request_error",
+                "param": param,
+                "code": None,
+            }
+        },
+        status=404,
+    )
+
+
+def _input_items(payload: dict[str, Any], first: int) -> list[dict[str, Any]]:
+    """The request's input as OpenAI stores it: every item with an id, strings as messages."""
+    given = payload.get("input", [])
+    if isinstance(given, str):
+        given = [{"role": "user", "content": given}]
+    items = []
+    for index, item in enumerate(given, start=first):
+        kept = {"id": f"msg_in{index:044x}", "type": "message", "status": "completed", **item}
+        if isinstance(kept.get("content"), str):
+            kept["content"] = [{"type": "input_text", "text": kept["content"]}]
+        items.append(kept)
+    return items
+
+
+def _response_output(payload: dict[str, Any], ident: str) -> list[dict[str, Any]]:
+    """A function call when tools are offered and no result came back yet; else text (JSON when
+    the request asks for a schema)."""
+    tools = payload.get("tools") or []
+    given = payload.get("input")
+    last = given[-1] if isinstance(given, list) and given else {}
+    if (
+        tools
+        and payload.get("tool_choice") != "none"
+        and last.get("type") != "function_call_output"
+    ):
+        return [
+            {
+                "id": "fc_" + ident[5:],
+                "type": "function_call",
+                "status": "completed",
+                "arguments": TOOL_ARGUMENTS,
+                "call_id": "call_fake1",
+                "name": tools[0]["name"],
+            }
+        ]
+    text_format = ((payload.get("text") or {}).get("format") or {}).get("type")
+    text = JSON_REPLY if text_format == "json_schema" else REPLY
+    return [
+        {
+            "id": "msg_" + ident[5:],
+            "type": "message",
+            "status": "completed",
+            "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}],
+            "role": "assistant",
+        }
+    ]
+
+
+def _response(payload: dict[str, Any], ident: str, status: str) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": payload.get("instructions"),
+        "max_output_tokens": payload.get("max_output_tokens"),
+        "model": payload["model"],
+        "output": [],
+        "parallel_tool_calls": payload.get("parallel_tool_calls", True),
+        "previous_response_id": payload.get("previous_response_id"),
+        "reasoning": payload.get("reasoning") or {"effort": None, "summary": None},
+        "store": payload.get("store", True),
+        "temperature": payload.get("temperature", 1.0),
+        "text": payload.get("text") or {"format": {"type": "text"}},
+        "tool_choice": payload.get("tool_choice", "auto"),
+        "tools": payload.get("tools", []),
+        "top_p": payload.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": None,
+        "user": payload.get("user"),
+        "metadata": payload.get("metadata") or {},
+    }
+
+
+def _response_events(created: dict[str, Any], done: dict[str, Any]) -> list[bytes]:
+    """The typed events of a streamed response, as OpenAI sends them."""
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": created},
+        {"type": "response.in_progress", "response": created},
+    ]
+    for index, item in enumerate(done["output"]):
+        if item["type"] == "function_call":
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            for piece in ('{"city": ', '"Paris"}'):
+                events.append(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "delta": piece,
+                    }
+                )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
+        else:
+            part = item["content"][0]
+            empty = {**part, "text": ""}
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "content": []},
+                }
+            )
+            events.append(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": empty,
+                }
+            )
+            pieces = REPLY_PIECES if part["text"] == REPLY else (part["text"],)
+            for piece in pieces:
+                events.append(
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": 0,
+                        "delta": piece,
+                        "logprobs": [],
+                    }
+                )
+            events.append(
+                {
+                    "type": "response.output_text.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "text": part["text"],
+                    "logprobs": [],
+                }
+            )
+            events.append(
+                {
+                    "type": "response.content_part.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": part,
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.completed", "response": done})
+    return [
+        f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': n})}\n\n".encode()
+        for n, event in enumerate(events)
+    ]
+
+
+async def _create_response(
+    fake: FakeOpenAI, request: web.Request, payload: dict[str, Any]
+) -> web.StreamResponse:
+    previous = payload.get("previous_response_id")
+    history: list[dict[str, Any]] = []
+    if previous is not None:
+        kept = fake.responses.get(previous)
+        if kept is None:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"Previous response with id '{previous}' not found.",
+                        "type": "invalid_request_error",
+                        "param": "previous_response_id",
+                        "code": "previous_response_not_found",
+                    }
+                },
+                status=400,
+            )
+        history = kept["input"] + kept["response"]["output"]
+    ident = f"resp_{len(fake.received):048x}"
+    created = _response(payload, ident, "in_progress")
+    done = {**_response(payload, ident, "completed"), "usage": RESPONSES_USAGE}
+    done["output"] = _response_output(payload, ident)
+    if payload.get("store", True):
+        fake.responses[ident] = {
+            "response": done,
+            "input": history + _input_items(payload, len(history)),
+        }
+    if not payload.get("stream"):
+        return web.json_response(done)
+    return await fake.stream(request, "text/event-stream", _response_events(created, done))
 
 
 @asynccontextmanager

@@ -1,0 +1,347 @@
+"""`POST /v1/responses`: one request, ready for any credential of its chain.
+
+A provider that serves the Responses API gets the client's bytes with `model` patched (and
+`previous_response_id` turned back into its own id); its answer comes back as it sent it, but
+for its response id, which is swapped for the sealed id the client keeps (`proxy.responses.
+ids`), in the plain answer and in every event of a stream. Any other provider is translated for:
+chat completions (`proxy.translate.responses_openai`) or Anthropic's Messages API
+(`proxy.translate.responses_anthropic`), and its answer gets a sealed id marked not stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import msgspec
+
+from proxy import body as B
+from proxy import usage as U
+from proxy.errors import ProxyError, invalid
+from proxy.providers import Operation, Upstream
+from proxy.providers.base import WireFormat
+from proxy.responses.ids import ResponseIds, Sealed
+from proxy.translate import responses_anthropic, responses_openai
+from proxy.translate._common import ANTHROPIC
+from proxy.translate._responses import Frame, Parsed, error_event, no_previous_response, parse
+from proxy.translate.responses_openai import CHAT
+from proxy.usage import TokenUsage, events_end
+from vkgate.errors import ErrorCode
+
+_encode = msgspec.json.Encoder().encode
+_MAX_TOKENS = {"openai": "max_completion_tokens", "azure_openai": "max_completion_tokens"}
+"""OpenAI's own API (and Azure's) refuses `max_tokens` for reasoning models."""
+
+
+def native(upstream: Upstream) -> bool:
+    """Whether the credential's provider serves the Responses API itself."""
+    return Operation.RESPONSES in upstream.urls
+
+
+class ResponsesExchange:
+    """One `POST /v1/responses`; its answers carry ids sealed for the credential that made them."""
+
+    __slots__ = (
+        "_body",
+        "_created",
+        "_ids",
+        "_organization_id",
+        "_parsed",
+        "_previous",
+        "_previous_id",
+        "_requested",
+        "_stored",
+        "_translated",
+        "stream",
+    )
+    client = WireFormat.RESPONSES
+    same_format_headers: Mapping[str, str] = {}
+
+    def __init__(
+        self,
+        body: bytes,
+        requested: str,
+        *,
+        stream: bool,
+        stored: bool,
+        ids: ResponseIds,
+        organization_id: str,
+        created: int,
+        previous: Sealed | None = None,
+        previous_id: str | None = None,
+    ) -> None:
+        self.stream = stream
+        self._body = body
+        self._requested = requested
+        self._stored = stored
+        """Whether a provider with the API keeps the response (`store` is not false)."""
+        self._ids = ids
+        self._organization_id = organization_id
+        self._created = created
+        self._previous = previous
+        """What `previous_response_id` says, opened; None when the request has none."""
+        self._previous_id = previous_id
+        """`previous_response_id` as the client sent it."""
+        self._parsed: dict[str, Parsed] = {}
+        self._translated: dict[tuple[object, ...], bytes] = {}
+
+    def operation(self, upstream: Upstream) -> Operation:
+        if native(upstream):
+            return Operation.RESPONSES
+        return Operation.MESSAGES if upstream.wire is WireFormat.ANTHROPIC else Operation.CHAT
+
+    def body_for(self, upstream: Upstream) -> bytes:
+        if native(upstream):
+            if self._previous is None:
+                return B.patch_model(self._body, self._requested, upstream.model_json)
+            return B.patch_fields(
+                self._body, model=upstream.model, previous_response_id=self._previous.upstream_id
+            )
+        if self._previous_id is not None:
+            raise no_previous_response()
+        anthropic = upstream.wire is WireFormat.ANTHROPIC
+        key = (anthropic, upstream.model_json, upstream.kind, upstream.stream_usage)
+        translated = self._translated.get(key)
+        if translated is None:
+            try:
+                if anthropic:
+                    translated = responses_anthropic.request(self._parse(ANTHROPIC), upstream.model)
+                else:
+                    translated = responses_openai.request(
+                        self._parse(CHAT),
+                        upstream.model,
+                        max_tokens_field=_MAX_TOKENS.get(upstream.kind, "max_tokens"),
+                        stream_usage=upstream.stream_usage,
+                    )
+            except RecursionError:
+                raise invalid(B.TOO_DEEP) from None
+            self._translated[key] = translated
+        return translated
+
+    def _parse(self, target: str) -> Parsed:
+        parsed = self._parsed.get(target)
+        if parsed is None:
+            parsed = self._parsed[target] = parse(self._body, target)
+        return parsed
+
+    def _sealer(self, upstream: Upstream, stored: bool) -> Callable[[str], str]:
+        ids, provider, organization = self._ids, upstream.provider_id, self._organization_id
+
+        def seal(upstream_id: str) -> str:
+            return ids.seal(provider, organization, upstream_id, stored=stored)
+
+        return seal
+
+    def _frame(self, upstream: Upstream) -> Frame:
+        return Frame.of(self._body, self._sealer(upstream, False), self._created)
+
+    def usage_of(
+        self, upstream: Upstream, status: int, data: bytes
+    ) -> tuple[TokenUsage | None, str | None]:
+        if status >= 300:
+            return None, None
+        if native(upstream):
+            return U.responses_answer(data)
+        if upstream.wire is WireFormat.ANTHROPIC:
+            return U.anthropic_answer(data)
+        return U.openai_answer(data)
+
+    def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
+        if native(upstream):
+            return data if status >= 300 else self._sealed(upstream, data)
+        if upstream.wire is WireFormat.ANTHROPIC:
+            if status >= 300:
+                return responses_anthropic.error(status, data)
+            return responses_anthropic.response(data, self._frame(upstream))
+        if status >= 300:
+            return data  # chat completions' errors are in OpenAI's shape already
+        return responses_openai.response(data, self._frame(upstream))
+
+    def _sealed(self, upstream: Upstream, data: bytes) -> bytes:
+        """The provider's answer with its response ids swapped for the client's."""
+        facts = U.response_facts(data)
+        for old, new in self._swaps(upstream, facts.id):
+            data = data.replace(old, new)
+        return data
+
+    def _swaps(self, upstream: Upstream, upstream_id: str | None) -> list[tuple[bytes, bytes]]:
+        swaps = []
+        if upstream_id:
+            sealed = self._ids.seal(
+                upstream.provider_id, self._organization_id, upstream_id, stored=self._stored
+            )
+            swaps.append((_encode(upstream_id), _encode(sealed)))
+        if self._previous is not None and self._previous_id is not None:
+            swaps.append((_encode(self._previous.upstream_id), _encode(self._previous_id)))
+        return swaps
+
+    def pipe(
+        self, upstream: Upstream
+    ) -> PassThrough | responses_openai.StreamTranslator | responses_anthropic.StreamTranslator:
+        if native(upstream):
+            return PassThrough(lambda found: self._swaps(upstream, found))
+        if upstream.wire is WireFormat.ANTHROPIC:
+            return responses_anthropic.StreamTranslator(self._frame(upstream))
+        return responses_openai.StreamTranslator(self._frame(upstream))
+
+
+# -- a stream from a provider that serves the Responses API ------------------------------------
+
+
+class _Response(msgspec.Struct):
+    id: str | None = None
+    model: str | None = None
+    usage: U.ResponsesUsage | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str = ""
+    response: _Response | None = None
+    sequence_number: int | None = None
+
+
+_event = msgspec.json.Decoder(_Event)
+_ENDS = (b'"response.completed"', b'"response.incomplete"', b'"response.failed"')
+_FAILED = (b'"response.failed"', b"event: error", b'"type":"error"')
+
+
+class PassThrough:
+    """A Responses stream passed on event by event, its response id swapped for the sealed one.
+
+    Only what is needed is read: the first event that names the response (its id, once), and
+    the last (`response.completed`, `.incomplete` or `.failed`: the usage). An event is held
+    only until its blank line arrives, so the id can be swapped whole.
+    """
+
+    __slots__ = ("_swap_for", "_swaps", "_tail", "errored", "model", "sequence", "usage")
+
+    def __init__(self, swap_for: Callable[[str | None], list[tuple[bytes, bytes]]]) -> None:
+        self._swap_for = swap_for
+        self._swaps: list[tuple[bytes, bytes]] | None = None
+        self._tail = b""
+        self.usage: TokenUsage | None = None
+        self.model: str | None = None
+        self.errored = False
+        self.sequence = 0
+        """The next `sequence_number`: an error the gateway adds follows the provider's last."""
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = self._tail + data if self._tail else data
+        end = events_end(buffer)
+        if end <= 0:
+            self._tail = buffer
+            return b""
+        self._tail = buffer[end:]
+        return self._pass(buffer[:end] if end < len(buffer) else buffer)
+
+    def finish(self) -> bytes:
+        rest, self._tail = self._tail, b""
+        return self._pass(rest) if rest else b""
+
+    def _pass(self, complete: bytes) -> bytes:
+        if self._swaps is None:
+            self._learn(complete)
+        if any(end in complete for end in _ENDS):
+            self._read_end(complete)
+        if not self.errored and any(failed in complete for failed in _FAILED):
+            self.errored = self._failed(complete)
+        for old, new in self._swaps or ():
+            complete = complete.replace(old, new)
+        return complete
+
+    def _events(self, complete: bytes) -> list[_Event]:
+        if b"\r" in complete:
+            complete = complete.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events = []
+        for block in complete.split(b"\n\n"):
+            data = b"\n".join(
+                line[5:].removeprefix(b" ")
+                for line in block.split(b"\n")
+                if line.startswith(b"data:")
+            )
+            if not data:
+                continue
+            try:
+                events.append(_event.decode(data))
+            except msgspec.DecodeError:
+                continue
+        if events and events[-1].sequence_number is not None:
+            self.sequence = events[-1].sequence_number + 1
+        return events
+
+    def _learn(self, complete: bytes) -> None:
+        """The response's id, from the first event that names the response."""
+        if b'"response"' not in complete:
+            return
+        for event in self._events(complete):
+            if event.response is not None and event.response.id:
+                self.model = event.response.model or self.model
+                self._swaps = self._swap_for(event.response.id)
+                return
+
+    def _read_end(self, complete: bytes) -> None:
+        for event in self._events(complete):
+            if event.response is not None and event.type.startswith("response."):
+                self.model = event.response.model or self.model
+                if event.response.usage is not None:
+                    self.usage = U.from_responses(event.response.usage)
+
+    def _failed(self, complete: bytes) -> bool:
+        return any(event.type in ("error", "response.failed") for event in self._events(complete))
+
+
+def stream_error(pipe: object, error: ProxyError) -> bytes:
+    """The `error` event that ends a Responses stream which broke off after it began, numbered
+    after the last event the client got."""
+    sequence = getattr(pipe, "sequence", 0)
+    return error_event(error, sequence if isinstance(sequence, int) else 0)
+
+
+def not_found(client_id: str, param: str | None = None) -> ProxyError:
+    """OpenAI's 404 for a response this key cannot reach (another organization's, or an id this
+    gateway did not seal): the two are told apart by no one."""
+    return ProxyError(
+        ErrorCode.NOT_FOUND,
+        f"No response found with id '{client_id[:200]}'.",
+        param=param,
+    )
+
+
+def opened(ids: ResponseIds, client_id: str, organization_id: str, param: str) -> Sealed:
+    """What `client_id` says, when it is this organization's; else OpenAI's 404."""
+    sealed = ids.open(client_id)
+    if sealed is None or sealed.organization_id != organization_id:
+        raise not_found(client_id, param)
+    return sealed
+
+
+def opened_previous(ids: ResponseIds, client_id: str, organization_id: str) -> Sealed:
+    """What `previous_response_id` says: a stored response of this organization's, or a 404
+    (not found) or 400 (not stored)."""
+    sealed = opened(ids, client_id, organization_id, "previous_response_id")
+    if not sealed.stored:
+        raise invalid(
+            "`previous_response_id` names a response that was not stored: its provider does not "
+            "serve the Responses API, so the gateway translated it and nothing was kept; send "
+            "the conversation in `input` instead",
+            param="previous_response_id",
+        )
+    return sealed
+
+
+Chain = tuple[Upstream, ...]
+
+
+def narrowed(previous: Sealed, model: str) -> Callable[[Chain], Chain]:
+    """The chain cut to the credential that stored the previous response: only it has it."""
+
+    def narrow(chain: Chain) -> Chain:
+        kept = tuple(upstream for upstream in chain if upstream.provider_id == previous.provider_id)
+        if not kept:
+            raise invalid(
+                "`previous_response_id` names a response stored with a provider that model "
+                f"{model!r} does not route to; continue it with a model of that provider",
+                param="previous_response_id",
+            )
+        return kept
+
+    return narrow
