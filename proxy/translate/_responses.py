@@ -80,6 +80,8 @@ class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
     id: str | None = None
     status: str | None = None
     caller: Direct | None = None
+    namespace: None = None
+    asynchronous: Literal[False] | None = msgspec.field(default=None, name="async")
 
 
 class FunctionCallOutput(msgspec.Struct, forbid_unknown_fields=True):

@@ -27,6 +27,8 @@ REPLY_PIECES = ("Hi", " there!", " I am the fake Anthropic upstream.")
 TOOL_INPUT = {"city": "Paris"}
 TOOL_INPUT_PIECES = ('{"city": ', '"Paris"}')
 """The `partial_json` pieces of a streamed tool use: together, `TOOL_INPUT` as JSON."""
+JSON_REPLY = '{"city":"Paris","temperature_c":21}'
+"""The text of an answer whose request asks for a JSON schema (`output_config.format`)."""
 MESSAGE_ID = "msg_01FakeUpstreamReply000001"
 TOOL_USE_ID = "toolu_01FakeUpstreamCall00001"
 EVENT_STREAM = "text/event-stream; charset=utf-8"
@@ -140,8 +142,13 @@ def _app(fake: FakeAnthropic) -> web.Application:
         if problem is not None:
             return refused(400, problem)
         tool = _tool_to_call(payload)
-        if tool is None:
-            block: dict[str, Any] = {"type": "text", "text": REPLY}
+        structured = ((payload.get("output_config") or {}).get("format") or {}).get("type")
+        if tool is None and structured == "json_schema":
+            # Structured outputs: the text is JSON the schema allows.
+            block: dict[str, Any] = {"type": "text", "text": JSON_REPLY}
+            stop_reason = "end_turn"
+        elif tool is None:
+            block = {"type": "text", "text": REPLY}
             stop_reason = "end_turn"
         else:
             block = {"type": "tool_use", "id": TOOL_USE_ID, "name": tool, "input": TOOL_INPUT}
@@ -162,7 +169,8 @@ def _app(fake: FakeAnthropic) -> web.Application:
         start = {**message, "content": [], "stop_reason": None, "usage": fake.usage(1)}
         if tool is None:
             empty: dict[str, Any] = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": t} for t in REPLY_PIECES]
+            pieces = REPLY_PIECES if block["text"] == REPLY else (block["text"],)
+            deltas = [{"type": "text_delta", "text": t} for t in pieces]
             deltas += [{"type": "text_delta", "text": "."}] * fake.stream_events
         else:
             empty = {**block, "input": {}}
