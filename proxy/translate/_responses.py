@@ -152,7 +152,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True):
     input: str | list[msgspec.Raw] | None = None
     instructions: str | None = None
     tools: list[msgspec.Raw] | None = None
-    tool_choice: Literal["auto", "none", "required"] | NamedFunction | msgspec.Raw | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: Text | None = None
     max_output_tokens: int | None = None
@@ -288,14 +288,6 @@ def no_previous_response() -> ProxyError:
         "conversation in `input` instead",
         param="previous_response_id",
     )
-
-
-def tool_choice(request: Request, target: str) -> str | NamedFunction | None:
-    """`auto`, `none`, `required`, a named function, or None; any other kind is refused."""
-    choice = request.tool_choice
-    if choice is None or isinstance(choice, str | NamedFunction):
-        return choice
-    raise refused("tool_choice", target, ": only auto, none, required or a function can be")
 
 
 def image_url(image: InputImage, at: str, target: str) -> str:

@@ -55,7 +55,6 @@ from proxy.translate._responses import (
     ResponseBuilder,
     encode,
     image_url,
-    tool_choice,
 )
 from proxy.translate.openai_anthropic import DEFAULT_MAX_TOKENS
 from proxy.translate.openai_anthropic import error as openai_error
@@ -160,7 +159,7 @@ def _tool(tool: FunctionTool) -> dict[str, Any]:
 
 
 def _tool_choice(parsed: Parsed) -> dict[str, Any] | None:
-    choice = tool_choice(parsed.request, ANTHROPIC)
+    choice = parsed.request.tool_choice
     out: dict[str, Any] | None
     if choice is None:
         out = None

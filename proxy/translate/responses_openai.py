@@ -41,7 +41,6 @@ from proxy.translate._responses import (
     encode,
     image_url,
     output_text,
-    tool_choice,
 )
 from proxy.usage import OpenAIUsage, TokenUsage, from_openai
 from vkgate.errors import ErrorCode
@@ -79,7 +78,7 @@ def request(
         out["tools"] = [_tool(tool) for tool in parsed.tools]
         if fields.parallel_tool_calls is not None:
             out["parallel_tool_calls"] = fields.parallel_tool_calls
-    choice = tool_choice(fields, CHAT)
+    choice = fields.tool_choice
     if isinstance(choice, NamedFunction):
         out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     elif choice is not None:
@@ -127,7 +126,9 @@ def _messages(parsed: Parsed) -> list[dict[str, Any]]:
                     {"role": "assistant", "content": output_text(item.content, at, CHAT)}
                 )
             else:
-                messages.append({"role": item.role, "content": _content(item, at)})
+                # `developer` is OpenAI's newer name for `system`; not every server knows it.
+                role = "system" if item.role == "developer" else item.role
+                messages.append({"role": role, "content": _content(item, at)})
         elif isinstance(item, FunctionCall):
             call = {
                 "id": item.call_id,
