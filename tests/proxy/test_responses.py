@@ -15,9 +15,12 @@ from tests.proxy.conftest import (
     UPSTREAM_CHAT_MODEL,
     RunningProxy,
     Tenant,
+    add_key,
     make_tenant,
     openai_error,
 )
+from tests.proxy.test_limits import budget
+from tests.proxy.test_limits import priced as priced  # the fixture
 from tests.proxy.test_openai_sdk import assert_passed_through, recording_client
 from tests.support.fake_openai import (
     JSON_REPLY,
@@ -211,3 +214,40 @@ async def test_background_responses_are_refused_naming_the_field(
     openai_error(answer, 400, "invalid_request", param="background")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, DELETE"
     assert fake_openai.received == []
+
+
+async def test_a_budget_reserves_max_output_tokens_and_refuses_before_the_provider(
+    priced: Tenant, client: httpx.AsyncClient, proxy: RunningProxy, fake_openai: FakeOpenAI
+) -> None:
+    key_id, key = await add_key(client, priced)
+    await budget(client, priced, scope={"kind": "virtual_key", "id": key_id}, limit_usd="5")
+    async with proxy.http() as http:
+        auth = {"Authorization": f"Bearer {key}"}
+        body = {"model": CHAT_ALIAS, "input": "hello"}
+        # 0.1 USD a token: 100 output tokens alone are worth 10 USD.
+        refused = await http.post(
+            "/v1/responses", headers=auth, json={**body, "max_output_tokens": 100}
+        )
+        assert fake_openai.received == []
+        served = await http.post(
+            "/v1/responses", headers=auth, json={**body, "max_output_tokens": 10}
+        )
+    assert refused.status_code == 402
+    error = refused.json()["error"]
+    assert (error["code"], error["budget_scope"]) == ("budget_exceeded", "virtual_key")
+    assert served.status_code == 200, served.text
+
+
+async def test_stored_response_calls_count_against_the_keys_rate_limit(
+    priced: Tenant, client: httpx.AsyncClient, proxy: RunningProxy, fake_openai: FakeOpenAI
+) -> None:
+    _, key = await add_key(client, priced, limits={"rpm": 2})
+    async with proxy.openai(key) as sdk:
+        created = await sdk.responses.create(model=CHAT_ALIAS, input="hello")
+    async with proxy.http() as http:
+        auth = {"Authorization": f"Bearer {key}"}
+        first = await http.get(f"/v1/responses/{created.id}", headers=auth)
+        second = await http.get(f"/v1/responses/{created.id}", headers=auth)
+    assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "0"
+    openai_error(second, 429, "rate_limited")
+    assert len(fake_openai.received) == 2
