@@ -16,6 +16,8 @@ from tests.proxy.conftest import (
     RunningProxy,
     Tenant,
     add_key,
+    add_policy,
+    add_provider,
     make_tenant,
     openai_error,
 )
@@ -251,3 +253,33 @@ async def test_stored_response_calls_count_against_the_keys_rate_limit(
     assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "0"
     openai_error(second, 429, "rate_limited")
     assert len(fake_openai.received) == 2
+
+
+async def test_azure_gets_its_responses_path_and_an_api_version_that_serves_it(
+    client: httpx.AsyncClient, proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    azure = await add_provider(
+        client,
+        tenant.org,
+        "azure",
+        fake_openai.azure_endpoint,
+        fake_openai.api_key,
+        kind="azure_openai",
+        api_version="2024-10-21",
+    )
+    policy = await add_policy(client, tenant.org, {"azure": [(azure, "gpt-4o-deployment")]})
+    _, key = await add_key(client, tenant, policy=policy)
+    async with proxy.openai(key) as sdk:
+        created = await sdk.responses.create(model="azure", input="hello")
+        retrieved = await sdk.responses.retrieve(created.id)
+    assert retrieved.id == created.id and created.output_text == REPLY
+    posted, got = fake_openai.received
+    assert (posted.method, posted.path, posted.query) == (
+        "POST",
+        "/openai/responses",
+        {"api-version": "2025-04-01-preview"},
+    )
+    assert posted.json()["model"] == "gpt-4o-deployment"
+    assert posted.header("api-key") == fake_openai.api_key
+    assert (got.method, got.query) == ("GET", {"api-version": "2025-04-01-preview"})
+    assert got.path == f"/openai/responses/{next(iter(fake_openai.responses))}"
