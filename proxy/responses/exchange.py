@@ -43,6 +43,7 @@ class ResponsesExchange:
     __slots__ = (
         "_body",
         "_created",
+        "_facts",
         "_ids",
         "_organization_id",
         "_parsed",
@@ -83,6 +84,8 @@ class ResponsesExchange:
         """`previous_response_id` as the client sent it."""
         self._parsed: dict[str, Parsed] = {}
         self._translated: dict[tuple[object, ...], bytes] = {}
+        self._facts: tuple[bytes, U.ResponseFacts] | None = None
+        """The last answer read by `usage_of`, with what it said: `render` reads it again."""
 
     def operation(self, upstream: Upstream) -> Operation:
         if native(upstream):
@@ -140,14 +143,22 @@ class ResponsesExchange:
         if status >= 300:
             return None, None
         if native(upstream):
-            return U.responses_answer(data)
+            facts = U.response_facts(data)
+            self._facts = (data, facts)
+            return (U.from_responses(facts.usage) if facts.usage else None), facts.model
         if upstream.wire is WireFormat.ANTHROPIC:
             return U.anthropic_answer(data)
         return U.openai_answer(data)
 
     def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
         if native(upstream):
-            return data if status >= 300 else self._sealed(upstream, data)
+            if status >= 300:
+                # The provider's message may name the id it was given: the client's, not its own.
+                previous = self._previous
+                if previous is not None and self._previous_id is not None:
+                    data = data.replace(previous.upstream_id.encode(), self._previous_id.encode())
+                return data
+            return self._sealed(upstream, data)
         if upstream.wire is WireFormat.ANTHROPIC:
             if status >= 300:
                 return responses_anthropic.error(status, data)
@@ -158,7 +169,8 @@ class ResponsesExchange:
 
     def _sealed(self, upstream: Upstream, data: bytes) -> bytes:
         """The provider's answer with its response ids swapped for the client's."""
-        facts = U.response_facts(data)
+        read = self._facts
+        facts = read[1] if read is not None and read[0] is data else U.response_facts(data)
         for old, new in self._swaps(upstream, facts.id):
             data = data.replace(old, new)
         return data
@@ -314,14 +326,19 @@ def opened(ids: ResponseIds, client_id: str, organization_id: str, param: str) -
     return sealed
 
 
+NOT_STORED = (
+    "it was made with `store: false`, or by a provider without the Responses API, which the "
+    "gateway translates for and which keeps nothing"
+)
+
+
 def opened_previous(ids: ResponseIds, client_id: str, organization_id: str) -> Sealed:
     """What `previous_response_id` says: a stored response of this organization's, or a 404
     (not found) or 400 (not stored)."""
     sealed = opened(ids, client_id, organization_id, "previous_response_id")
     if not sealed.stored:
         raise invalid(
-            "`previous_response_id` names a response that was not stored: its provider does not "
-            "serve the Responses API, so the gateway translated it and nothing was kept; send "
+            f"`previous_response_id` names a response that was not stored: {NOT_STORED}; send "
             "the conversation in `input` instead",
             param="previous_response_id",
         )

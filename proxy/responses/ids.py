@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -39,9 +38,6 @@ _AAD = b"vkgate:response-id:v1"
 _NONCE = 12
 _TAG = 16
 _MAX_FIELD = 255
-_HEX_ID = re.compile(r"([A-Za-z]{1,16}_)((?:[0-9a-f]{2})+)")
-"""`prov_0193…`, `resp_67cc…`: such ids are sealed as their prefix and the bytes of their hex,
-half as long."""
 _RAW, _PREFIXED_HEX = 0, 1
 
 
@@ -69,28 +65,34 @@ def _derive(secret: str) -> _Key:
     return _Key(AESGCM(material[:32]), material[32:])
 
 
+_KNOWN = 4096
+"""Credential and organization fields kept encoded: a proxy serves a bounded set of them, and a
+response is sealed on every answer."""
+_FLAGS = (bytes((_VERSION, 0)), bytes((_VERSION, _STORED)))
+
+
 class ResponseIds:
     """Seals response ids under the first secret, opens them under any."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_keys", "_known")
 
     def __init__(self, secrets: Sequence[str]) -> None:
         """`secrets`: the current one first, then older ones still accepted for opening."""
         if not secrets:
             raise ValueError("response ids need at least one secret")
         self._keys = tuple(_derive(secret) for secret in secrets)
+        self._known: dict[tuple[str, str], bytes] = {}
 
     def seal(
         self, provider_id: str, organization_id: str, upstream_id: str, *, stored: bool
     ) -> str:
-        plaintext = b"".join(
-            (
-                bytes((_VERSION, _STORED if stored else 0)),
-                _field(provider_id),
-                _field(organization_id),
-                _field(upstream_id),
-            )
-        )
+        known = self._known.get((provider_id, organization_id))
+        if known is None:
+            if len(self._known) >= _KNOWN:
+                self._known.clear()
+            known = _field(provider_id) + _field(organization_id)
+            self._known[provider_id, organization_id] = known
+        plaintext = _FLAGS[stored] + known + _field(upstream_id)
         key = self._keys[0]
         nonce = hashlib.blake2b(plaintext, key=key.mac, digest_size=_NONCE).digest()
         sealed = nonce + key.aead.encrypt(nonce, plaintext, _AAD)
@@ -118,13 +120,19 @@ class ResponseIds:
 
 
 def _field(value: str) -> bytes:
-    """One field, length-prefixed: `prefix_<hex>` ids as their prefix and bytes, else UTF-8."""
-    found = _HEX_ID.fullmatch(value)
-    if found is not None:
-        prefix, digits = found.group(1).encode(), bytes.fromhex(found.group(2))
-        if len(digits) <= _MAX_FIELD:
+    """One field, length-prefixed. Ids such as `prov_0193…` and `resp_67cc…` are sealed as their
+    prefix and the bytes of their (lower-case) hex, half as long; anything else as UTF-8."""
+    prefix, underscore, digits = value.partition("_")
+    if underscore and digits and 0 < len(prefix) <= 16 and prefix.isascii() and prefix.isalpha():
+        try:
+            packed = bytes.fromhex(digits)
+        except ValueError:
+            packed = b""
+        # fromhex also takes upper case and spaces: only what it gives back exactly is packed.
+        if packed and len(packed) <= _MAX_FIELD and packed.hex() == digits:
+            head = prefix.encode() + underscore.encode()
             return b"".join(
-                (bytes((_PREFIXED_HEX, len(prefix))), prefix, bytes((len(digits),)), digits)
+                (bytes((_PREFIXED_HEX, len(head))), head, bytes((len(packed),)), packed)
             )
     raw = value.encode()
     if len(raw) > 0xFFFF:

@@ -20,7 +20,7 @@ from proxy.asgi import JSON, Head, Send, respond
 from proxy.errors import ProxyError, invalid
 from proxy.providers import ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import StoresResponses
-from proxy.responses.exchange import native, not_found, opened
+from proxy.responses.exchange import NOT_STORED, native, not_found, opened
 from proxy.responses.ids import ResponseIds, Sealed
 from proxy.runtime import KeyRuntime
 from vkgate.errors import ErrorCode
@@ -106,8 +106,7 @@ class StoredResponses:
         if not sealed.stored:
             raise ProxyError(
                 ErrorCode.NOT_FOUND,
-                f"Response '{call.response_id[:200]}' was not stored: its provider does not serve "
-                "the Responses API, so the gateway translated it and nothing was kept.",
+                f"Response '{call.response_id[:200]}' was not stored: {NOT_STORED}.",
                 param="response_id",
             )
         upstream = _credential(runtime, sealed)
@@ -137,6 +136,9 @@ class StoredResponses:
             ) from None
         if reply.status < 300:
             data = self._sealed(data, sealed, call.response_id)
+        else:
+            # The provider's message may name the id it was given: the client's, not its own.
+            data = data.replace(sealed.upstream_id.encode(), call.response_id.encode())
         answer = [
             (b"content-type", reply.content_type or JSON),
             (b"x-request-id", head.request_id),

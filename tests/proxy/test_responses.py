@@ -283,3 +283,32 @@ async def test_azure_gets_its_responses_path_and_an_api_version_that_serves_it(
     assert posted.header("api-key") == fake_openai.api_key
     assert (got.method, got.query) == ("GET", {"api-version": "2025-04-01-preview"})
     assert got.path == f"/openai/responses/{next(iter(fake_openai.responses))}"
+
+
+async def test_the_providers_own_refusal_names_the_id_the_client_sent(
+    proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    async with proxy.openai(tenant.key) as sdk:
+        created = await sdk.responses.create(model=CHAT_ALIAS, input="hello")
+        upstream_id = next(iter(fake_openai.responses))
+        await sdk.responses.delete(created.id)
+        with pytest.raises(openai.BadRequestError) as continued:
+            await sdk.responses.create(
+                model=CHAT_ALIAS, input="more", previous_response_id=created.id
+            )
+        with pytest.raises(openai.NotFoundError) as read:
+            await sdk.responses.retrieve(created.id)
+    for refusal in (continued.value, read.value):
+        assert created.id in refusal.message
+        assert upstream_id not in refusal.response.text
+
+
+async def test_a_response_made_with_store_false_says_it_was_not_stored(
+    proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    async with proxy.openai(tenant.key) as sdk:
+        created = await sdk.responses.create(model=CHAT_ALIAS, input="hello", store=False)
+        with pytest.raises(openai.NotFoundError, match="not stored"):
+            await sdk.responses.retrieve(created.id)
+    assert fake_openai.responses == {}
+    assert len(fake_openai.received) == 1
