@@ -17,6 +17,7 @@
 #
 # Knobs (env):
 #   DUR=10s  CONCS="1 16 64"  STREAM_CONC=16 (empty: no streaming runs)  SEQ_N=500
+#   RESPONSES_CONC=16         the Responses API passed through, direct and vkgate (empty: none)
 #   WRK_THREADS=1             wrk threads (1 leaves the CPU to the proxy)
 #   WITH_BARE=1               the bare forwarder (0: skip)
 #   BARE_WORKERS="1 2"        its uvicorn worker counts (1: bare-forwarder, N: bare-forwarder-wN)
@@ -40,6 +41,7 @@ VKGATE_VENV="${VKGATE_VENV:-$REPO_ROOT/.venv}"
 DUR="${DUR:-10s}"
 CONCS="${CONCS:-1 16 64}"
 STREAM_CONC="${STREAM_CONC-16}"
+RESPONSES_CONC="${RESPONSES_CONC-16}"
 SEQ_N="${SEQ_N:-500}"
 WRK_THREADS="${WRK_THREADS:-1}"
 WITH_BARE="${WITH_BARE:-1}"
@@ -225,6 +227,23 @@ warmup() {          # warmup URL KEY HEADERS: short unrecorded load
     wrk -t1 -c16 -d2s --timeout 10s -s "$PEERS/chat.lua" "$1"
 }
 
+# run_responses TARGET BASE_URL WATCH_PID KEY: `POST /v1/responses` at RESPONSES_CONC, after a
+# sanity request (vkgate passes it through to the mock's /v1/responses; no peer serves it here)
+run_responses() {
+  local target="$1" base="$2" watch="$3" key="$4" conc="$RESPONSES_CONC" t=$WRK_THREADS
+  [[ -n "$conc" ]] || return 0
+  (( t > conc )) && t=$conc
+  if ! curl -s -m 10 -X POST "$base/v1/responses" -H 'Content-Type: application/json' \
+      -H "Authorization: Bearer $key" -d '{"model":"gpt-4o-mini","input":"ping"}' \
+      | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["object"]=="response" and d["usage"]["total_tokens"]>0, d' 2>"$WORK/check.err"; then
+    log "$target: responses sanity check FAILED: $(head -c 300 "$WORK/check.err")"
+    return 1
+  fi
+  BENCH_API_KEY="$key" BENCH_API=responses \
+    measured "$target" responses "$conc" "$watch" "$WORK/wrk-$target-responses-c$conc.txt" \
+    wrk -t"$t" -c"$conc" -d"$DUR" --timeout 10s --latency -s "$PEERS/chat.lua" "$base/v1/responses"
+}
+
 # run_seq TARGET URL WATCH_PID [KEY] [HEADER...]
 run_seq() {
   local target="$1" url="$2" watch="$3" key="${4:-}"; shift 4 2>/dev/null || shift $#
@@ -315,6 +334,7 @@ curl -sf -o /dev/null "$MOCK/healthz" || { log "nginx mock not answering"; exit 
 
 log "direct: wrk against the mock (physical limit of this harness)"
 run_target direct-nginx "$MOCK" "$NGINX_PID" "$UPSTREAM_KEY"
+run_responses direct-nginx "$MOCK" "$NGINX_PID" "$UPSTREAM_KEY"
 
 # ---------------------------------------------------------------- bare forwarder
 if [[ "$WITH_BARE" == 1 ]]; then
@@ -366,6 +386,7 @@ for w in $VKGATE_WORKERS; do
     read -r _ VK_URL VK_PID VK_KEY VK_STREAM VK_CP_PID <<< "$ready"
     log "$target ready after $(( $(date +%s) - t0 ))s at $VK_URL (proxy pid $VK_PID, control plane pid $VK_CP_PID)"
     AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" run_target "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
+    AUX_PID="$VK_CP_PID" run_responses "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
   else
     if kill -0 "$VPID" 2>/dev/null; then
       log "$target did not become ready in ${READY_TIMEOUT}s; tail of its output:"

@@ -129,6 +129,7 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
     found = {(row.target, row.mode, row.conc): row for row in rows}
     concs = sorted({int(row.conc) for row in rows if row.mode == "chat" and row.conc.isdigit()})
     streams = sorted({row.conc for row in rows if row.mode == "stream"}, key=int)
+    responses = sorted({row.conc for row in rows if row.mode == "responses"}, key=int)
     if not concs:
         return []
     low, high = str(concs[0]), str(concs[-1])
@@ -158,6 +159,8 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
         heads.append(f"added p99 at c={high} (ms)")
     for conc in streams:
         heads += [f"stream c={conc} RPS", f"stream added p50 at c={conc} (ms)"]
+    for conc in responses:
+        heads += [f"responses c={conc} RPS", f"responses added p50 at c={conc} (ms)"]
     heads += [
         "seq RPS",
         "seq added p50 (ms)",
@@ -175,6 +178,11 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
             cells.append(cell(target, "chat", high, "p99"))
         for conc in streams:
             cells += [cell(target, "stream", conc, "rps"), cell(target, "stream", conc, "p50")]
+        for conc in responses:
+            cells += [
+                cell(target, "responses", conc, "rps"),
+                cell(target, "responses", conc, "p50"),
+            ]
         cells += [
             cell(target, "seq", "1", "rps"),
             cell(target, "seq", "1", "p50"),
@@ -192,9 +200,10 @@ def ratios(rows: list[Row]) -> list[str]:
     targets = {row.target for row in rows if not row.not_run}
     columns = [("chat", c) for c in sorted({r.conc for r in rows if r.mode == "chat"}, key=_int)]
     columns += [("stream", c) for c in sorted({r.conc for r in rows if r.mode == "stream"})]
+    columns += [("responses", c) for c in sorted({r.conc for r in rows if r.mode == "responses"})]
     columns += [("seq", "1")]
     heads = [
-        f"c={c}" if m == "chat" else ("seq" if m == "seq" else f"stream c={c}") for m, c in columns
+        f"c={c}" if m == "chat" else ("seq" if m == "seq" else f"{m} c={c}") for m, c in columns
     ]
     out = ["| RPS ratio | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for top, bottom, label in RATIOS:
@@ -206,6 +215,18 @@ def ratios(rows: list[Row]) -> list[str]:
             cells.append("-" if math.isnan(a) or math.isnan(b) or not b else f"{a / b:.2f}x")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out if len(out) > 2 else []
+
+
+def responses_line(rows: list[Row]) -> list[str]:
+    """Each target's Responses API pass-through against its chat completions, at the same
+    concurrency: the Responses route's own cost (a sealed id per answer)."""
+    rps = {(row.target, row.mode, row.conc): row.rps for row in rows if not row.not_run}
+    out = []
+    for (target, mode, conc), value in rps.items():
+        chat = rps.get((target, "chat", conc))
+        if mode == "responses" and chat:
+            out.append(f"{target}: responses / chat RPS at c={conc}: {value / chat:.2f}")
+    return out
 
 
 def steal_line(rows: list[Row]) -> str:
@@ -255,6 +276,9 @@ def main() -> None:
     if block:
         out += ["", "RPS ratios, measured side by side in this run (>1: the first is faster):", ""]
         out += block
+    passed_through = responses_line(rows)
+    if passed_through:
+        out += ["", *passed_through]
     text = "\n".join(out)
     print(text)
     with open(out_base + ".txt", "w") as sink:

@@ -257,7 +257,8 @@ def _demo_banner(proxy: ProxySettings, demo: Demo) -> str:
 from openai import OpenAI
 client = OpenAI(base_url="{base}", api_key="{demo.key}")
 reply = client.chat.completions.create(model="{demo.chat_model}", messages=[{{"role": "user", "content": "Hello!"}}])
-print(reply.choices[0].message.content)'
+print(reply.choices[0].message.content)
+print(client.responses.create(model="{demo.chat_model}", input="Hello!").output_text)'
 """
 
 
