@@ -37,10 +37,14 @@ from proxy.translate._common import (
     provider_error,
     refused,
 )
-from proxy.translate._responses import (
+from proxy.translate._responses_answer import (
     REDACTED,
-    Format,
     Frame,
+    ResponseBuilder,
+    encode,
+)
+from proxy.translate._responses_request import (
+    Format,
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -52,8 +56,6 @@ from proxy.translate._responses import (
     Parsed,
     Reasoning,
     Refusal,
-    ResponseBuilder,
-    encode,
     image_url,
 )
 from proxy.translate.openai_anthropic import DEFAULT_MAX_TOKENS

@@ -25,9 +25,13 @@ import msgspec
 from proxy.errors import ProxyError
 from proxy.sse import EventReader
 from proxy.translate._common import provider_error, refused
-from proxy.translate._responses import (
+from proxy.translate._responses_answer import (
     REFUSAL,
     Frame,
+    ResponseBuilder,
+    encode,
+)
+from proxy.translate._responses_request import (
     FunctionCall,
     FunctionCallOutput,
     FunctionTool,
@@ -37,8 +41,6 @@ from proxy.translate._responses import (
     NamedFunction,
     Parsed,
     Reasoning,
-    ResponseBuilder,
-    encode,
     image_url,
     output_text,
 )

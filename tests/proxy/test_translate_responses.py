@@ -13,9 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
-from proxy.responses.exchange import PassThrough
+from proxy.responses.passthrough import PassThrough
 from proxy.translate import responses_anthropic, responses_openai
-from proxy.translate._responses import Frame, parse
+from proxy.translate._responses_answer import (
+    Frame,
+)
+from proxy.translate._responses_request import (
+    parse,
+)
 from proxy.usage import TokenUsage
 from tests.support.streams import cuts
 from vkgate.errors import ErrorCode
