@@ -390,9 +390,15 @@ class ResponseBuilder:
         return out + self._event("response.completed", response=self.final)
 
     def fail(self, error: ProxyError) -> bytes:
-        """The stream's last event: an `error` event in OpenAI's shape."""
+        """The stream's last event when the provider failed: `response.failed`, with what was
+        made so far and the error, once the response began; else an `error` event."""
         self.ended = True
-        return error_event(error, self.sequence)
+        if not self.started:
+            return error_event(error, self.sequence)
+        out = b"".join(self.close(item.key) for item in list(self._items) if item.open)
+        self.final = self.response("failed")
+        self.final["error"] = {"code": "server_error", "message": error.message}
+        return out + self._event("response.failed", response=self.final)
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -404,7 +410,8 @@ def _refusal_part(text: str) -> dict[str, Any]:
 
 
 def error_event(error: ProxyError, sequence: int) -> bytes:
-    """A Responses stream's `error` event: what ends a stream that failed after it began."""
+    """A Responses stream's `error` event: what ends a stream that failed before its response
+    began, or whose connection broke off (the gateway then has no response object to fail)."""
     data = {
         "type": "error",
         "code": error.code.value,

@@ -395,7 +395,8 @@ class StreamTranslator:
     Each block is an item, closed at its `content_block_stop`; `message_stop` ends the stream
     with `response.completed` (or `response.incomplete`) and the usage of `message_start` and
     `message_delta`. Anthropic's `error` event, an unreadable event, or a stream that ends
-    before its message did, ends it with an `error` event; `errored` tells.
+    before its message did, ends it with `response.failed` (an `error` event before the
+    response began); `errored` tells.
     """
 
     def __init__(self, frame: Frame) -> None:

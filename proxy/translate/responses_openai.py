@@ -256,7 +256,8 @@ class StreamTranslator:
     Items are closed when the provider's stream ends (chat completions says where an answer
     ends, not where each of its parts does), then `response.completed` carries the usage of the
     stream's usage chunk. An error chunk, an unreadable one, or a stream that ends before its
-    answer did, ends the stream with an `error` event; `errored` tells.
+    answer did, ends the stream with `response.failed` (an `error` event before the response
+    began); `errored` tells.
     """
 
     def __init__(self, frame: Frame) -> None:

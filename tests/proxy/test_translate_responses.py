@@ -471,15 +471,30 @@ def test_a_chat_stream_of_tool_calls_becomes_function_call_events() -> None:
         (responses_openai.StreamTranslator, "openai_stream_error.sse"),
     ],
 )
-def test_a_provider_error_in_a_stream_ends_it_with_an_error_event(
+def test_a_provider_error_in_a_stream_ends_it_as_a_failed_response(
     translator: Any, name: str
 ) -> None:
     stream = translator(frame())
     out = events(translate_stream(stream, [sample(name)]))
-    assert out[-1]["type"] == "error"
-    assert out[-1]["code"] == "provider_error"
-    assert out[-1]["sequence_number"] == len(out) - 1
+    failed = out[-1]
+    assert failed["type"] == "response.failed"
+    assert failed["sequence_number"] == len(out) - 1
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "server_error"
+    # What arrived before the failure is there, its item closed.
+    [item] = failed["response"]["output"]
+    assert item["content"][0]["text"] == "Once upon"
     assert stream.errored
+
+
+def test_a_stream_that_fails_before_it_began_ends_with_an_error_event() -> None:
+    stream = responses_anthropic.StreamTranslator(frame())
+    failure = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+    out = events(translate_stream(stream, [failure]))
+    assert [(e["type"], e["code"], e["sequence_number"]) for e in out] == [
+        ("error", "provider_error", 0)
+    ]
+    assert out[0]["message"] == "Overloaded" and stream.errored
 
 
 def test_a_stream_cut_before_its_answer_ended_is_an_error() -> None:
@@ -487,7 +502,7 @@ def test_a_stream_cut_before_its_answer_ended_is_an_error() -> None:
     cut = recorded[: recorded.index(b"event: content_block_stop")]
     stream = responses_anthropic.StreamTranslator(frame())
     out = events(translate_stream(stream, [cut]))
-    assert out[-1]["type"] == "error" and stream.errored
+    assert out[-1]["type"] == "response.failed" and stream.errored
 
 
 STREAMS = [
