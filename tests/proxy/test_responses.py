@@ -24,6 +24,7 @@ from tests.proxy.conftest import (
 from tests.proxy.test_limits import budget
 from tests.proxy.test_limits import priced as priced  # the fixture
 from tests.proxy.test_openai_sdk import assert_passed_through, recording_client
+from tests.proxy.test_telemetry import value
 from tests.support.fake_openai import (
     JSON_REPLY,
     REPLY,
@@ -312,3 +313,21 @@ async def test_a_response_made_with_store_false_says_it_was_not_stored(
             await sdk.responses.retrieve(created.id)
     assert fake_openai.responses == {}
     assert len(fake_openai.received) == 1
+
+
+async def test_metrics_name_the_stored_response_routes_by_template_never_the_id(
+    proxy: RunningProxy, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    async with proxy.openai(tenant.key) as sdk:
+        created = await sdk.responses.create(model=CHAT_ALIAS, input="hello")
+        await sdk.responses.retrieve(created.id)
+        await sdk.responses.input_items.list(created.id)
+        await sdk.responses.delete(created.id)
+    text = proxy.metrics.render().decode()
+    assert value(text, "vkgate_requests_total", route="/v1/responses", status="200") == 1
+    assert value(text, "vkgate_requests_total", route="/v1/responses/{id}", status="200") == 2
+    assert (
+        value(text, "vkgate_requests_total", route="/v1/responses/{id}/input_items", status="200")
+        == 1
+    )
+    assert created.id not in text
