@@ -198,7 +198,7 @@ class Gateway:
             log_requests=settings.log_requests,
             telemetry_key=settings.telemetry_key,
         )
-        self._response_ids = ResponseIds((settings.internal_secret,))
+        self._response_ids = ResponseIds(settings.internal_secrets)
         self._stored = stored.StoredResponses(self._response_ids)
         self._routes: dict[str, Route] = {
             "/chat/completions": Route("/v1/chat/completions", self._chat),

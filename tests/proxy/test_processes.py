@@ -54,10 +54,12 @@ class Deployment:
 
 def proxy_env(controlplane_url: str, port: int, **extra: str) -> dict[str, str]:
     return clean_env(
-        VKGATE_INTERNAL_SECRET=INTERNAL_SECRET,
-        VKGATE_CONTROLPLANE_URL=controlplane_url,
-        VKGATE_PROXY_ADDR=f"127.0.0.1:{port}",
-        **extra,
+        **{
+            "VKGATE_INTERNAL_SECRET": INTERNAL_SECRET,
+            "VKGATE_CONTROLPLANE_URL": controlplane_url,
+            "VKGATE_PROXY_ADDR": f"127.0.0.1:{port}",
+            **extra,
+        }
     )
 
 

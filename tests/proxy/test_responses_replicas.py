@@ -1,6 +1,6 @@
 """A stored response reached through another proxy process: the sealed id is all a replica
 needs to continue, read or delete a conversation another replica began, with no store between
-them."""
+them; a replica whose internal secret has rolled on still opens ids sealed under the previous one."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import openai
 
 from tests.proxy.test_processes import admin_create, proxy_process
+from tests.support.env import INTERNAL_SECRET
 from tests.support.fake_openai import REPLY, serve_fake_openai
 from tests.support.processes import sqlite_controlplane
 
@@ -51,7 +52,14 @@ def test_a_conversation_begun_on_one_proxy_continues_on_another(tmp_path: Path) 
                     (tmp_path / name).mkdir()
                 with (
                     proxy_process(controlplane.url, tmp_path / "a.log", tmp_path / "a") as a,
-                    proxy_process(controlplane.url, tmp_path / "b.log", tmp_path / "b") as b,
+                    proxy_process(
+                        controlplane.url,
+                        tmp_path / "b.log",
+                        tmp_path / "b",
+                        # Rolled on: its ids are sealed under a new secret, a's under the old.
+                        VKGATE_INTERNAL_SECRET="rolled-internal-secret-" + "n" * 32,
+                        VKGATE_INTERNAL_SECRET_PREVIOUS=INTERNAL_SECRET,
+                    ) as b,
                 ):
                     first_proxy = openai.AsyncOpenAI(
                         base_url=a.url + "/v1", api_key=key, max_retries=0
