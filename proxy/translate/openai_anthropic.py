@@ -27,7 +27,7 @@ request cannot ask for. Text blocks are concatenated into `content`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -46,6 +46,20 @@ from proxy.translate._common import (
     refused,
     request_fields,
 )
+from proxy.translate._openai_request import (
+    ABSENT,
+    AssistantMessage,
+    DeveloperMessage,
+    FunctionDef,
+    ImagePart,
+    ImageURL,
+    Message,
+    Request,
+    SystemMessage,
+    TextPart,
+    UserMessage,
+    absent,
+)
 from proxy.usage import AnthropicUsage, TokenUsage, from_anthropic, updated
 from vkgate.errors import ErrorCode
 from vkgate.wire import ErrorBody, ErrorDetail
@@ -55,152 +69,8 @@ DEFAULT_MAX_TOKENS = 4096
 
 _EMPTY_SCHEMA = msgspec.Raw(b'{"type":"object","properties":{}}')
 _EMPTY_INPUT = msgspec.Raw(b"{}")
-_ABSENT = msgspec.Raw(b"null")
-
-
-def _absent(value: msgspec.Raw) -> bool:
-    return bytes(value) == b"null"
-
-
 _encode = msgspec.json.Encoder().encode
 _object = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-# -- the request, as an OpenAI client sends it ------------------------------------------------
-
-
-class _TextPart(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
-    text: str
-
-
-class _ImageURL(msgspec.Struct, forbid_unknown_fields=True):
-    url: str
-    detail: str | None = None
-
-
-class _ImagePart(msgspec.Struct, tag_field="type", tag="image_url", forbid_unknown_fields=True):
-    image_url: _ImageURL
-
-
-class _RefusalPart(msgspec.Struct, tag_field="type", tag="refusal", forbid_unknown_fields=True):
-    refusal: str
-
-
-class _SystemMessage(msgspec.Struct, tag_field="role", tag="system", forbid_unknown_fields=True):
-    content: str | list[_TextPart]
-    name: str | None = None
-
-
-class _DeveloperMessage(
-    msgspec.Struct, tag_field="role", tag="developer", forbid_unknown_fields=True
-):
-    content: str | list[_TextPart]
-    name: str | None = None
-
-
-class _UserMessage(msgspec.Struct, tag_field="role", tag="user", forbid_unknown_fields=True):
-    content: str | list[_TextPart | _ImagePart]
-    name: str | None = None
-
-
-class _FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    arguments: str
-
-
-class _ToolCall(msgspec.Struct, forbid_unknown_fields=True):
-    id: str
-    function: _FunctionCall
-    type: str = "function"
-
-
-class _AssistantMessage(
-    msgspec.Struct, tag_field="role", tag="assistant", forbid_unknown_fields=True
-):
-    content: str | list[_TextPart | _RefusalPart] | None = None
-    tool_calls: list[_ToolCall] | None = None
-    refusal: str | None = None
-    name: str | None = None
-    audio: Any = None
-    function_call: Any = None
-
-
-class _ToolMessage(msgspec.Struct, tag_field="role", tag="tool", forbid_unknown_fields=True):
-    tool_call_id: str
-    content: str | list[_TextPart]
-
-
-_Message = _SystemMessage | _DeveloperMessage | _UserMessage | _AssistantMessage | _ToolMessage
-
-
-class _FunctionDef(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    description: str | None = None
-    parameters: msgspec.Raw = _ABSENT  # msgspec takes no Raw in a union: absent or null
-    strict: bool | None = None
-
-
-class _ToolDef(msgspec.Struct, tag_field="type", tag="function", forbid_unknown_fields=True):
-    function: _FunctionDef
-
-
-class _Name(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-
-
-class _NamedChoice(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    function: _Name | None = None
-    allowed_tools: Any = None
-    custom: Any = None
-
-
-class _StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool | None = None
-    include_obfuscation: bool | None = None
-
-
-class _ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
-    json_schema: Any = None
-
-
-class _Request(msgspec.Struct, forbid_unknown_fields=True):
-    messages: list[_Message]
-    model: str | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    stream: bool | None = None
-    stream_options: _StreamOptions | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    tools: list[_ToolDef] | None = None
-    tool_choice: Literal["auto", "none", "required"] | _NamedChoice | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: _ResponseFormat | None = None
-    # Accepted only at a value that asks for nothing Anthropic would not do anyway.
-    n: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
-    seed: int | None = None
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
-    modalities: list[str] | None = None
-    service_tier: str | None = None
-    functions: list[Any] | None = None
-    audio: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
-    function_call: Any = None
-    prompt_cache_key: Any = None
 
 
 _HARMLESS: dict[str, tuple[object, ...]] = {
@@ -226,7 +96,7 @@ _HARMLESS: dict[str, tuple[object, ...]] = {
 }
 """Fields with no Anthropic equivalent, and the values of each that ask for nothing."""
 
-_request = msgspec.json.Decoder(_Request)
+_request = msgspec.json.Decoder(Request)
 
 
 def request(body: bytes, model: str) -> bytes:
@@ -264,7 +134,7 @@ def request(body: bytes, model: str) -> bytes:
     return _encode(out)
 
 
-def _max_tokens(fields: _Request) -> int:
+def _max_tokens(fields: Request) -> int:
     both = fields.max_tokens is not None and fields.max_completion_tokens is not None
     if both and fields.max_tokens != fields.max_completion_tokens:
         raise invalid(
@@ -277,7 +147,7 @@ def _max_tokens(fields: _Request) -> int:
     return DEFAULT_MAX_TOKENS if limit is None else limit
 
 
-def _user_id(fields: _Request) -> str | None:
+def _user_id(fields: Request) -> str | None:
     both = fields.user is not None and fields.safety_identifier is not None
     if both and fields.user != fields.safety_identifier:
         raise invalid(
@@ -291,19 +161,19 @@ Content = str | list[dict[str, Any]]
 
 
 def _conversation(
-    messages: list[_Message],
+    messages: list[Message],
 ) -> tuple[str | list[dict[str, Any]] | None, list[dict[str, Any]]]:
-    system: list[str | list[_TextPart]] = []
+    system: list[str | list[TextPart]] = []
     turns: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         at = f"messages[{i}]"
-        if isinstance(message, _SystemMessage | _DeveloperMessage):
+        if isinstance(message, SystemMessage | DeveloperMessage):
             _no_name(message.name, at)
             system.append(message.content)
-        elif isinstance(message, _UserMessage):
+        elif isinstance(message, UserMessage):
             _no_name(message.name, at)
             _append(turns, "user", _user_content(message.content, at))
-        elif isinstance(message, _AssistantMessage):
+        elif isinstance(message, AssistantMessage):
             _append(turns, "assistant", _assistant_content(message, at))
         else:
             result = {
@@ -346,29 +216,29 @@ def _blocks(text: str) -> list[dict[str, Any]]:
     return [{"type": "text", "text": text}] if text else []
 
 
-def _text_blocks(parts: list[_TextPart]) -> list[dict[str, Any]]:
+def _text_blocks(parts: list[TextPart]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": part.text} for part in parts if part.text]
 
 
-def _user_content(content: str | list[_TextPart | _ImagePart], at: str) -> Content:
+def _user_content(content: str | list[TextPart | ImagePart], at: str) -> Content:
     if isinstance(content, str):
         return content
     blocks: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        if isinstance(part, _TextPart):
+        if isinstance(part, TextPart):
             blocks.extend(_blocks(part.text))
         else:
             blocks.append(_image(part.image_url, f"{at}.content[{j}].image_url"))
     return blocks
 
 
-def _image(image: _ImageURL, at: str) -> dict[str, Any]:
+def _image(image: ImageURL, at: str) -> dict[str, Any]:
     if image.detail not in (None, "auto"):
         raise refused(f"{at}.detail", ANTHROPIC, ": it has no image detail levels")
     return anthropic_image(image.url, f"{at}.url")
 
 
-def _assistant_content(message: _AssistantMessage, at: str) -> Content:
+def _assistant_content(message: AssistantMessage, at: str) -> Content:
     _no_name(message.name, at)
     for name in ("audio", "function_call"):
         if getattr(message, name) is not None:
@@ -381,7 +251,7 @@ def _assistant_content(message: _AssistantMessage, at: str) -> Content:
         blocks.extend(_blocks(content))
     elif content is not None:
         for part in content:
-            blocks.extend(_blocks(part.text if isinstance(part, _TextPart) else part.refusal))
+            blocks.extend(_blocks(part.text if isinstance(part, TextPart) else part.refusal))
     if message.refusal is not None:
         blocks.extend(_blocks(message.refusal))
     for j, call in enumerate(message.tool_calls or ()):
@@ -415,17 +285,17 @@ def _arguments(arguments: str, param: str) -> msgspec.Raw:
     return msgspec.Raw(text.encode())
 
 
-def _tool(function: _FunctionDef) -> dict[str, Any]:
+def _tool(function: FunctionDef) -> dict[str, Any]:
     tool: dict[str, Any] = {"name": function.name}
     if function.description is not None:
         tool["description"] = function.description
-    tool["input_schema"] = _EMPTY_SCHEMA if _absent(function.parameters) else function.parameters
+    tool["input_schema"] = _EMPTY_SCHEMA if absent(function.parameters) else function.parameters
     if function.strict:
         tool["strict"] = True
     return tool
 
 
-def _tool_choice(fields: _Request) -> dict[str, Any] | None:
+def _tool_choice(fields: Request) -> dict[str, Any] | None:
     choice = fields.tool_choice
     out: dict[str, Any] | None
     if choice is None:
@@ -456,7 +326,7 @@ class _Block(msgspec.Struct):
     text: str = ""
     id: str = ""
     name: str = ""
-    input: msgspec.Raw = _ABSENT
+    input: msgspec.Raw = ABSENT
 
 
 class _AnthropicMessage(msgspec.Struct):
@@ -534,11 +404,11 @@ def response(data: bytes, created: int) -> bytes:
 
 
 def _input_json(value: msgspec.Raw) -> str:
-    return "{}" if _absent(value) else bytes(value).decode()
+    return "{}" if absent(value) else bytes(value).decode()
 
 
 def _is_empty_object(value: msgspec.Raw) -> bool:
-    if _absent(value):
+    if absent(value):
         return True
     try:
         return not _object.decode(value)

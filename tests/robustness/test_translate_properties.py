@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
-from proxy.translate import anthropic_openai, openai_anthropic
+from proxy.translate import _openai_request, anthropic_openai, openai_anthropic
 
 PROPERTIES = settings(max_examples=60, deadline=None)
 
@@ -160,7 +160,7 @@ def test_an_openai_answer_through_anthropics_format_and_back_keeps_text_calls_fi
         assert back["usage"][count] == answer["usage"][count], count
 
 
-KNOWN_OPENAI = frozenset(openai_anthropic._Request.__struct_fields__)
+KNOWN_OPENAI = frozenset(_openai_request.Request.__struct_fields__)
 KNOWN_ANTHROPIC = frozenset(anthropic_openai._Request.__struct_fields__)
 
 
