@@ -269,3 +269,15 @@ ANTHROPIC_TYPES_BY_OPENAI = {
     "api_error": "api_error",
 }
 """OpenAI's error `type` → Anthropic's, for an error reported in a stream (no status there)."""
+
+
+# -- inline media ------------------------------------------------------------------------------
+
+
+def data_url(url: str, at: str) -> tuple[str, str]:
+    """A base64 `data:` URL's media type (lower-cased) and data; a 400 naming `at` otherwise."""
+    header, comma, data = url[5:].partition(",") if url.startswith("data:") else ("", "", "")
+    media_type, *params = header.split(";")
+    if not comma or not params or params[-1] != "base64":
+        raise invalid(f"`{at}` must be a base64 `data:` URL", param=at)
+    return media_type.lower(), data
