@@ -409,6 +409,12 @@ class ProxyApp(Litestar):
                     scope["path"] = path[3:]
                     await gateway(scope, receive, send)
                     return
+            elif path.startswith("/v1beta") and (len(path) == 7 or path[7] == "/"):
+                gateway = self._running.gateway
+                if gateway is not None:
+                    scope["path"] = path[7:]
+                    await gateway.gemini(scope, receive, send)
+                    return
         await super().__call__(scope, receive, send)
 
 

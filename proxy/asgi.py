@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.errors import ProxyError
+from proxy.providers.base import WireFormat
 from vkgate.errors import ErrorCode
 
 Scope = MutableMapping[str, Any]
@@ -142,9 +143,15 @@ async def respond(
 
 
 async def respond_error(
-    send: Send, error: ProxyError, request_id: bytes, *, anthropic: bool = False
+    send: Send, error: ProxyError, request_id: bytes, client: WireFormat = WireFormat.OPENAI
 ) -> None:
-    """The error in the route's format: Anthropic's for `/v1/messages`, OpenAI's elsewhere."""
+    """The error in the route's format: Anthropic's for `/v1/messages`, Google's for the
+    Gemini API, OpenAI's elsewhere."""
     headers = [(b"content-type", JSON), (b"x-request-id", request_id), *error.headers]
-    body = error.anthropic_body() if anthropic else error.openai_body()
+    if client is WireFormat.ANTHROPIC:
+        body = error.anthropic_body()
+    elif client is WireFormat.GEMINI:
+        body = error.google_body()
+    else:
+        body = error.openai_body()
     await respond(send, error.status, body, headers)

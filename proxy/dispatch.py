@@ -474,7 +474,7 @@ class Dispatcher:
         if data is None:  # a lone 429, passed through
             data = await _read(upstream, reply)
         outcome.usage, outcome.served_model = committed.used
-        if outcome.usage is None and reply.status < 300:
+        if outcome.usage is None and reply.status < 300 and exchange.estimates_output:
             outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
         body = exchange.render(upstream, reply.status, data)
         content_type = reply.content_type if upstream.wire is exchange.client else JSON

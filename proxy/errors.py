@@ -1,4 +1,4 @@
-"""The proxy's one error tree and its two renderers: OpenAI's format and Anthropic's."""
+"""The proxy's one error tree and its renderers: OpenAI's format, Anthropic's and Google's."""
 
 from __future__ import annotations
 
@@ -38,6 +38,43 @@ class _DetailWithAttempts(ErrorDetail, omit_defaults=False):
 
 class _AnthropicDetailWithAttempts(AnthropicErrorDetail, omit_defaults=False):
     attempts: list[Cause] = []
+
+
+GOOGLE_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    402: "RESOURCE_EXHAUSTED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+"""The canonical status Google's APIs name beside each HTTP status."""
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+class _ErrorInfo(msgspec.Struct):
+    reason: str
+    domain: str
+    metadata: dict[str, str]
+
+
+class _GoogleDetail(msgspec.Struct, omit_defaults=False):
+    code: int
+    message: str
+    status: str
+    details: list[dict[str, object]]
+
+
+class _GoogleBody(msgspec.Struct):
+    error: _GoogleDetail
 
 
 class ProxyError(Exception):
@@ -102,6 +139,24 @@ class ProxyError(Exception):
             else AnthropicErrorDetail(kind.anthropic_type, self.message, self.code)
         )
         return _encode(AnthropicErrorBody(detail))
+
+    def google_body(self) -> bytes:
+        """`{"error": {"code", "message", "status", "details"}}`, as Google's APIs (and so the
+        `/v1beta` Gemini API) answer: vkgate's own code is the `ErrorInfo` detail's reason."""
+        metadata = {"code": str(self.code)}
+        if self.param is not None:
+            metadata["param"] = self.param
+        if self.details:
+            metadata.update(self.details)
+        info = msgspec.structs.asdict(_ErrorInfo(self.code.upper(), "vkgate", metadata))
+        status = self.status
+        detail = _GoogleDetail(
+            status,
+            self.message,
+            GOOGLE_STATUSES.get(status, "UNKNOWN"),
+            [{"@type": ERROR_INFO, **info}],
+        )
+        return _encode(_GoogleBody(detail))
 
 
 def invalid(message: str, *, param: str | None = None) -> ProxyError:

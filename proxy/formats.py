@@ -8,7 +8,6 @@ served model are read off the provider's answer for the spend record.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -19,16 +18,20 @@ from proxy.providers import Operation, Upstream
 from proxy.providers.base import WireFormat
 from proxy.responses.exchange import stream_error as responses_stream_error
 from proxy.sse import UsageChunkFilter
-from proxy.translate import anthropic_openai, openai_anthropic
+from proxy.translations import EMBEDDINGS, TRANSLATIONS, USAGE
 from proxy.usage import TokenUsage
 
-_CHAT_OPERATION = {WireFormat.OPENAI: Operation.CHAT, WireFormat.ANTHROPIC: Operation.MESSAGES}
-_MAX_TOKENS: defaultdict[str, str] = defaultdict(
-    lambda: "max_tokens",
-    # OpenAI's own API (and Azure's) refuses `max_tokens` for reasoning models.
-    openai="max_completion_tokens",
-    azure_openai="max_completion_tokens",
-)
+_CHAT_OPERATION = {
+    WireFormat.OPENAI: Operation.CHAT,
+    WireFormat.ANTHROPIC: Operation.MESSAGES,
+    WireFormat.CONVERSE: Operation.CONVERSE,
+    WireFormat.GEMINI: Operation.GENERATE_CONTENT,
+}
+_STREAM_OPERATION = {
+    **_CHAT_OPERATION,
+    WireFormat.CONVERSE: Operation.CONVERSE_STREAM,
+    WireFormat.GEMINI: Operation.STREAM_GENERATE_CONTENT,
+}
 
 
 class StreamPipe(Protocol):
@@ -55,6 +58,9 @@ class Exchange(Protocol):
 
     client: WireFormat
     stream: bool
+    estimates_output: bool
+    """Whether a plain answer's text stands for its output tokens when the provider reports no
+    usage (an embedding's vector does not)."""
     same_format_headers: Mapping[str, str]
     """Client headers a provider speaking the client's format gets too (Anthropic's version)."""
 
@@ -134,11 +140,15 @@ def stream_error(client: WireFormat, error: ProxyError, pipe: StreamPipe | None 
         return b"event: error\ndata: " + error.anthropic_body() + b"\n\n"
     if client is WireFormat.RESPONSES:
         return responses_stream_error(pipe, error)
+    if client is WireFormat.GEMINI:
+        return b"data: " + error.google_body() + b"\n\n"
     return b"data: " + error.openai_body() + b"\n\n"
 
 
 class ChatExchange:
     """`POST /v1/chat/completions` (OpenAI's format) or `POST /v1/messages` (Anthropic's)."""
+
+    estimates_output = True
 
     __slots__ = (
         "_body",
@@ -177,7 +187,7 @@ class ChatExchange:
         """Made only when a credential of the other format is tried (not on the common path)."""
 
     def operation(self, upstream: Upstream) -> Operation:
-        return _CHAT_OPERATION[upstream.wire]
+        return (_STREAM_OPERATION if self.stream else _CHAT_OPERATION)[upstream.wire]
 
     def body_for(self, upstream: Upstream) -> bytes:
         if upstream.wire is self.client:
@@ -190,12 +200,7 @@ class ChatExchange:
         if translated is None:
             # Raises a 400 naming the field when the other format has no place for it.
             try:
-                if self.client is WireFormat.OPENAI:
-                    translated = openai_anthropic.request(self._body, upstream.model)
-                else:
-                    translated = anthropic_openai.request(
-                        self._body, upstream.model, max_tokens_field=_MAX_TOKENS[upstream.kind]
-                    )
+                translated = TRANSLATIONS[self.client, upstream.wire].request(self._body, upstream)
             except RecursionError:
                 # Read once already, less deep in the stack; here a little deeper is too deep.
                 raise invalid(B.TOO_DEEP) from None
@@ -207,37 +212,34 @@ class ChatExchange:
     ) -> tuple[TokenUsage | None, str | None]:
         if status >= 300:
             return None, None
-        if upstream.wire is WireFormat.OPENAI:
-            return U.openai_answer(data)
-        return U.anthropic_answer(data)
+        return USAGE[upstream.wire](data)
 
     def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
         if upstream.wire is self.client:
             return data
-        if self.client is WireFormat.OPENAI:
-            if status >= 300:
-                return openai_anthropic.error(status, data)
-            return openai_anthropic.response(data, self._created)
+        translation = TRANSLATIONS[self.client, upstream.wire]
         if status >= 300:
-            return anthropic_openai.error(status, data)
-        return anthropic_openai.response(data)
+            return translation.error(status, data)
+        return translation.response(data, self._created, upstream)
 
     def pipe(self, upstream: Upstream) -> StreamPipe:
         if upstream.wire is self.client:
             if upstream.wire is WireFormat.ANTHROPIC:
                 return _AnthropicStream()
             return _OpenAIStream(drop_usage=upstream.stream_usage and not self._client_wants_usage)
-        if self.client is WireFormat.OPENAI:
-            return openai_anthropic.StreamTranslator(self._created, self._client_wants_usage)
-        return anthropic_openai.StreamTranslator()
+        translation = TRANSLATIONS[self.client, upstream.wire]
+        return translation.stream(self._created, self._client_wants_usage, upstream)
 
 
 class EmbeddingsExchange:
-    """`POST /v1/embeddings`: OpenAI's format only; a credential that cannot embed is skipped."""
+    """`POST /v1/embeddings`, in OpenAI's format: passed through to an OpenAI-format credential,
+    translated for Bedrock's and Google's embedding models; a credential that cannot embed is
+    skipped."""
 
     __slots__ = ("_body", "_requested")
     client = WireFormat.OPENAI
     stream = False
+    estimates_output = False
     same_format_headers: Mapping[str, str] = {}
 
     def __init__(self, body: bytes, requested: str) -> None:
@@ -245,18 +247,30 @@ class EmbeddingsExchange:
         self._requested = requested
 
     def operation(self, upstream: Upstream) -> Operation:
-        return Operation.EMBEDDINGS
+        translation = EMBEDDINGS.get(upstream.wire)
+        return Operation.EMBEDDINGS if translation is None else translation.operation
 
     def body_for(self, upstream: Upstream) -> bytes:
-        return B.patch_model(self._body, self._requested, upstream.model_json)
+        if upstream.wire is WireFormat.OPENAI:
+            return B.patch_model(self._body, self._requested, upstream.model_json)
+        return EMBEDDINGS[upstream.wire].request(self._body, upstream)
 
     def usage_of(
         self, upstream: Upstream, status: int, data: bytes
     ) -> tuple[TokenUsage | None, str | None]:
-        return U.openai_answer(data) if status < 300 else (None, None)
+        if status >= 300:
+            return None, None
+        if upstream.wire is WireFormat.OPENAI:
+            return U.openai_answer(data)
+        return EMBEDDINGS[upstream.wire].usage(data)
 
     def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
-        return data
+        if upstream.wire is WireFormat.OPENAI:
+            return data
+        translation = EMBEDDINGS[upstream.wire]
+        if status >= 300:
+            return translation.error(status, data)
+        return translation.response(data, upstream, self._body)
 
     def pipe(self, upstream: Upstream) -> StreamPipe:
         raise AssertionError("embeddings are never streamed")

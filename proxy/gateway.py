@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 
@@ -35,6 +36,7 @@ from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
+from proxy.gemini_api import GeminiApi
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
@@ -87,6 +89,10 @@ def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
     return chain
 
 
+def _models_body(runtime: KeyRuntime) -> bytes:
+    return runtime.models_body
+
+
 MODELS_ROUTE = "/v1/models"
 MODEL_ROUTE = "/v1/models/{id}"
 _MODEL_PREFIX = "/models/"
@@ -130,8 +136,12 @@ class Route:
     path: str
     """As the spend record names it: `/v1/…`."""
     prepare: Prepare
-    anthropic: bool = False
-    """Answers (errors included) in Anthropic's format."""
+    client: WireFormat = WireFormat.OPENAI
+    """The format the route answers in, its errors included."""
+
+
+Listing = Callable[[KeyRuntime], bytes]
+"""A `GET` route's answer for a key: the models it may use."""
 
 
 class Gateway:
@@ -202,7 +212,7 @@ class Gateway:
         self._stored = stored.StoredResponses(self._response_ids)
         self._routes: dict[str, Route] = {
             "/chat/completions": Route("/v1/chat/completions", self._chat),
-            "/messages": Route("/v1/messages", self._messages, anthropic=True),
+            "/messages": Route("/v1/messages", self._messages, WireFormat.ANTHROPIC),
             "/embeddings": Route("/v1/embeddings", self._embeddings),
             "/audio/speech": Route("/v1/audio/speech", audio.speech),
             "/audio/transcriptions": Route("/v1/audio/transcriptions", audio.transcription),
@@ -211,6 +221,8 @@ class Gateway:
             "/images/edits": Route("/v1/images/edits", images.edit),
             "/responses": Route("/v1/responses", self._responses),
         }
+        self.gemini = GeminiApi(self)
+        """Google's Gemini API under `/v1beta`, served by the same pipeline."""
 
     @property
     def in_flight(self) -> int:
@@ -218,19 +230,53 @@ class Gateway:
         return self._pace.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = self._now()
-        head = Head(scope)
         path = scope["path"].rstrip("/")
         route = self._routes.get(path)
-        anthropic = route is not None and route.anthropic
-        call = stored.route(path, scope["method"]) if route is None else None
-        label = (
+        listing: Listing | None = None
+        call: stored.Call | None = None
+        if path == "/models":
+            listing = _models_body
+        elif route is None and path.startswith(_MODEL_PREFIX):
+            listing = partial(model_body, alias=path.removeprefix(_MODEL_PREFIX))
+        elif route is None:
+            call = stored.route(path, scope["method"])
+        await self.handle(
+            scope,
+            receive,
+            send,
+            Head(scope),
+            route,
             route.path
             if route is not None
             else call.label
             if call is not None
-            else _route_label(path)
+            else _route_label(path),
+            listing=listing,
+            call=call,
         )
+
+    async def handle(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        head: Head,
+        route: Route | None,
+        label: str,
+        *,
+        client: WireFormat = WireFormat.OPENAI,
+        listing: Listing | None = None,
+        call: stored.Call | None = None,
+        prefix: str = "/v1",
+    ) -> None:
+        """One request of a route family: a paid `route` down the pipeline, a `listing` of the
+        key's models (GET), a `call` on a stored response, or else a 404; answered, errors too,
+        in the route's format (or `client`'s). `label` names the route in metrics and traces,
+        `prefix` the family."""
+        started = self._now()
+        path = scope["path"].rstrip("/")
+        if route is not None:
+            client = route.client
         trace = (
             self._tracing.start_request(scope["method"], label, head)
             if self._tracing is not None
@@ -246,22 +292,15 @@ class Gateway:
                 self._allow(scope, "POST")
                 piped = True  # the pipeline observes its own end, whatever it is
                 await self._serve(route, scope, head, receive, send, started, trace)
-            elif path == "/models":
+            elif listing is not None:
                 self._allow(scope, "GET")
                 runtime = await self._authenticate(scope, head)
                 await respond(
                     send,
                     200,
-                    runtime.models_body,
+                    listing(runtime),
                     [(b"content-type", JSON), (b"x-request-id", head.request_id)],
                 )
-                status, code = 200, None
-            elif path.startswith(_MODEL_PREFIX):
-                self._allow(scope, "GET")
-                runtime = await self._authenticate(scope, head)
-                found = model_body(runtime, path.removeprefix(_MODEL_PREFIX))
-                headers = [(b"content-type", JSON), (b"x-request-id", head.request_id)]
-                await respond(send, 200, found, headers)
                 status, code = 200, None
             elif call is not None:
                 stored.allowed(call, scope["method"])
@@ -269,10 +308,10 @@ class Gateway:
                 status = await self._serve_stored(call, scope, runtime, head, send)
                 code = None
             else:
-                raise ProxyError(ErrorCode.NOT_FOUND, f"no route /v1{path}")
+                raise ProxyError(ErrorCode.NOT_FOUND, f"no route {prefix}{path}")
         except ProxyError as exc:
             status, code, error = exc.status, exc.code, exc
-            await respond_error(send, exc, head.request_id, anthropic=anthropic)
+            await respond_error(send, exc, head.request_id, client)
         except (ClientGone, asyncio.CancelledError) as exc:
             status, code = records.CLIENT_CLOSED, None
             if isinstance(exc, asyncio.CancelledError):
@@ -283,7 +322,7 @@ class Gateway:
             bug = ProxyError(ErrorCode.INTERNAL_ERROR, "internal error in the gateway")
             # If the answer had already started, a second start is refused: nothing more to say.
             with contextlib.suppress(Exception):
-                await respond_error(send, bug, head.request_id, anthropic=anthropic)
+                await respond_error(send, bug, head.request_id, client)
         finally:
             if not piped:
                 self._observer.completed(
@@ -314,7 +353,8 @@ class Gateway:
         if head.key is None:
             raise ProxyError(
                 ErrorCode.INVALID_API_KEY,
-                "no virtual key: send it as `Authorization: Bearer vk-…` or `x-api-key`",
+                "no virtual key: send it as `Authorization: Bearer vk-…` or `x-api-key` "
+                "(to the Gemini API, also `x-goog-api-key` or `?key=`)",
             )
         if not head.key.startswith(VIRTUAL_KEY_PREFIX):
             # Refused here: a stray bearer token costs no control-plane round trip.

@@ -125,6 +125,12 @@ class ChainTarget(msgspec.Struct):
     responses_api: bool = True
     """An OpenAI-format provider serves the Responses API itself; when false the proxy
     translates `/v1/responses` to chat completions for it. Ignored for the other kinds."""
+    settings: dict[str, str] = {}
+    """A cloud kind's own fields: `region` (bedrock), `project` and `location` (vertex_ai)."""
+    credentials: dict[str, str] = {}
+    """A cloud kind's stored credential, decrypted: `aws_access_key_id`,
+    `aws_secret_access_key` and `aws_session_token` (bedrock), `service_account_json`
+    (vertex_ai). Empty: the proxy uses its workload's own credentials."""
 
 
 class BudgetState(msgspec.Struct):

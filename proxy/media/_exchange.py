@@ -30,6 +30,8 @@ class MediaExchange:
     """
 
     client = WireFormat.OPENAI
+    estimates_output = False
+    """An answer's audio or image is no text whose tokens a tokenizer could count."""
     output_is = ""
     """The modality of every output token when the provider does not break them down."""
 

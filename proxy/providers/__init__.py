@@ -16,6 +16,8 @@ from proxy.providers.base import (
     Upstream,
     WireFormat,
 )
+from proxy.providers.bedrock import Bedrock
+from proxy.providers.gemini import GEMINI, VERTEX_AI, GoogleGenAI
 from proxy.providers.mock import MockProvider
 from proxy.providers.openai import AZURE_OPENAI, OPENAI, OPENAI_COMPATIBLE, OpenAIFormat
 from vkgate.clock import Clock
@@ -41,4 +43,7 @@ def registry(client: HttpClient, clock: Clock) -> Mapping[str, Provider]:
         "azure_openai": OpenAIFormat(AZURE_OPENAI, client),
         "anthropic": AnthropicMessages(client),
         "mock": MockProvider(clock),
+        "bedrock": Bedrock(client, clock),
+        "gemini": GoogleGenAI(GEMINI, client, clock),
+        "vertex_ai": GoogleGenAI(VERTEX_AI, client, clock),
     }

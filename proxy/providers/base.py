@@ -25,6 +25,17 @@ class Operation(StrEnum):
     RESPONSES = "responses"
     """OpenAI's Responses API, served by the provider itself (its URL is where the provider's
     stored responses live too)."""
+    # Bedrock's runtime API (`bedrock`):
+    CONVERSE = "converse"
+    CONVERSE_STREAM = "converse_stream"
+    INVOKE = "invoke"
+    """InvokeModel: a model's own body (Bedrock's embedding models)."""
+    # Google's Gemini API (`gemini`, `vertex_ai`):
+    GENERATE_CONTENT = "generate_content"
+    STREAM_GENERATE_CONTENT = "stream_generate_content"
+    COUNT_TOKENS = "count_tokens"
+    EMBED_CONTENT = "embed_content"
+    BATCH_EMBED_CONTENTS = "batch_embed_contents"
 
 
 class WireFormat(StrEnum):
@@ -35,6 +46,10 @@ class WireFormat(StrEnum):
     RESPONSES = "responses"
     """OpenAI's Responses API, as a client speaks it. A provider that serves it speaks OpenAI's
     format with `Operation.RESPONSES` among its URLs; any other is translated for."""
+    CONVERSE = "converse"
+    """Bedrock's Converse API (and InvokeModel for embeddings)."""
+    GEMINI = "gemini"
+    """Google's Gemini API, as AI Studio and Vertex AI serve it."""
 
 
 class ProviderUnreachable(Exception):
@@ -92,6 +107,15 @@ class Upstream:
     """`price` as integer rates, for budgets; None when the model has no known price."""
     max_output_tokens: int | None = None
     """The model's output cap, when known: what a budget reserves absent `max_tokens`."""
+    signer: Signer | None = field(default=None, repr=False)
+    """Signs each request, for a credential that is no fixed header (SigV4, OAuth tokens)."""
+
+
+class Signer(Protocol):
+    """Adds what authenticates one request to its headers: a SigV4 signature, a bearer token
+    of the moment. Raises ProviderUnreachable when no credential can be had."""
+
+    async def sign(self, url: str, body: bytes, headers: dict[str, str]) -> None: ...
 
 
 @runtime_checkable

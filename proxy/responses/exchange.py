@@ -64,6 +64,7 @@ class ResponsesExchange:
         "stream",
     )
     client = WireFormat.RESPONSES
+    estimates_output = True
     same_format_headers: Mapping[str, str] = {}
 
     def __init__(
