@@ -86,6 +86,11 @@ class Provider(Base):
     responses_api: Mapped[bool] = mapped_column(server_default=true())
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # A cloud kind's own fields (region; project and location) and its stored credential (AWS
+    # keys, a service account), sealed like the API key; the server default fills the rows of
+    # before these kinds.
+    settings: Mapped[dict[str, Any]] = mapped_column(server_default=text("'{}'"))
+    credentials_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class RoutingPolicy(Base):

@@ -296,7 +296,7 @@ async def test_provider_name_is_unique_within_an_organization_only(
         ({"name": None}, "name"),
         ({"kind": None}, "kind"),
         ({"name": ""}, "name"),
-        ({"kind": "gemini"}, "kind"),
+        ({"kind": "watsonx"}, "kind"),
         ({"kind": 1}, "kind"),
         ({"base_url": "ftp://files.example"}, "base_url"),
         ({"base_url": "not a url"}, "base_url"),

@@ -131,6 +131,8 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "max_output_tokens": context_window("openai", "gpt-4o-mini"),
             "unit_price": None,
             "responses_api": True,
+            "settings": {},
+            "credentials": {},
         },
         {
             "provider_id": vllm["id"],
@@ -145,6 +147,8 @@ async def test_bundle_carries_limits_allowed_models_and_every_alias_chain(
             "max_output_tokens": None,
             "unit_price": None,
             "responses_api": True,
+            "settings": {},
+            "credentials": {},
         },
     ]
     # A price override is per upstream model: gpt-4o has none, so genai-prices' price is sent.

@@ -12,6 +12,7 @@ from sqlalchemy import and_, or_, select
 from controlplane.errors import ApiError
 from controlplane.keys.service import KeyStatus
 from controlplane.models import Budget, Project, Provider, RoutingTarget, Team, VirtualKey
+from controlplane.providers.cloud import open_credentials
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
 from controlplane.spend.pricing import ListPrice, Pricer
@@ -99,6 +100,8 @@ async def _chains(
                 max_output_tokens=listed.max_output_tokens if listed else None,
                 unit_price=_override_units(override) if override else _wire_units(listed),
                 responses_api=provider.responses_api,
+                settings=dict(provider.settings),
+                credentials=open_credentials(cipher, provider),
             )
         )
     return chains

@@ -10,7 +10,7 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from sqlalchemy import select
 
 from controlplane.models import Provider
-from controlplane.providers import service
+from controlplane.providers import cloud, service
 from controlplane.providers.schemas import (
     PriceOverride,
     ProviderCreate,
@@ -35,6 +35,10 @@ def provider_read(row: Provider) -> ProviderRead:
         responses_api=row.responses_api,
         created_at=rfc3339(row.created_at),
         updated_at=rfc3339(row.updated_at),
+        region=row.settings.get("region"),
+        project=row.settings.get("project"),
+        location=row.settings.get("location"),
+        cloud_credentials=cloud.stored_or_workload(row),
     )
 
 

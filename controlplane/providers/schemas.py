@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -13,6 +13,26 @@ Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2000, pattern=r"^http
 Secret = Annotated[str, msgspec.Meta(min_length=1, max_length=8000)]
 Decimal = Annotated[str, msgspec.Meta(pattern=r"^\d{1,9}(\.\d{1,9})?$")]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Region = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$", description="An AWS region: us-east-1."),
+]
+Project = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_-]{0,127}$",
+        description="A Google Cloud project id (or number).",
+    ),
+]
+Location = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[a-z][a-z0-9-]{0,39}$",
+        description="A Vertex AI location: us-central1, europe-west4, global.",
+    ),
+]
+AccessKeyId = Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9]{16,128}$")]
+ServiceAccount = Annotated[str, msgspec.Meta(min_length=2, max_length=16_000)] | dict[str, Any]
 
 
 class ProviderKind(StrEnum):
@@ -21,6 +41,9 @@ class ProviderKind(StrEnum):
     ANTHROPIC = "anthropic"
     OPENAI_COMPATIBLE = "openai_compatible"
     MOCK = "mock"
+    BEDROCK = "bedrock"
+    GEMINI = "gemini"
+    VERTEX_AI = "vertex_ai"
 
 
 ImageKey = Annotated[
@@ -90,6 +113,14 @@ class ProviderCreate(msgspec.Struct, forbid_unknown_fields=True):
     responses_api: bool | None = None
     """Whether an `openai`, `azure_openai` or `openai_compatible` provider serves the Responses
     API itself (the default); false has the proxy translate `/v1/responses` to chat for it."""
+    # The cloud kinds' own fields (see controlplane/providers/cloud.py):
+    region: Region | None = None
+    project: Project | None = None
+    location: Location | None = None
+    aws_access_key_id: AccessKeyId | None = None
+    aws_secret_access_key: Secret | None = None
+    aws_session_token: Secret | None = None
+    service_account_json: ServiceAccount | None = None
 
 
 class ProviderUpdate(msgspec.Struct, forbid_unknown_fields=True):
@@ -108,6 +139,17 @@ class ProviderUpdate(msgspec.Struct, forbid_unknown_fields=True):
     ) = msgspec.UNSET
     price_overrides: dict[ModelName, PriceOverride] | msgspec.UnsetType | None = msgspec.UNSET
     responses_api: bool | msgspec.UnsetType = msgspec.UNSET
+    region: Region | msgspec.UnsetType | None = msgspec.UNSET
+    project: Project | msgspec.UnsetType | None = msgspec.UNSET
+    location: Location | msgspec.UnsetType | None = msgspec.UNSET
+    aws_access_key_id: AccessKeyId | msgspec.UnsetType | None = msgspec.UNSET
+    """With the secret (and the token, if any): the stored AWS keys are replaced as a whole;
+    `null` clears them, and the workload's own credentials are used."""
+    aws_secret_access_key: Secret | msgspec.UnsetType | None = msgspec.UNSET
+    aws_session_token: Secret | msgspec.UnsetType | None = msgspec.UNSET
+    service_account_json: ServiceAccount | msgspec.UnsetType | None = msgspec.UNSET
+    """Replaces the stored service account; `null` clears it, and the workload's own
+    credentials are used."""
 
 
 class ProviderRead(msgspec.Struct):
@@ -124,3 +166,9 @@ class ProviderRead(msgspec.Struct):
     """Serves the Responses API itself; false for a provider the proxy translates it for."""
     created_at: str
     updated_at: str
+    region: str | None = None
+    project: str | None = None
+    location: str | None = None
+    cloud_credentials: str | None = None
+    """For `bedrock` and `vertex_ai`: `stored` (keys or a service account, encrypted and never
+    shown) or `workload` (the proxy's own AWS or Google credentials)."""

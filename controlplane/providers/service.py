@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from controlplane.errors import conflict, invalid
 from controlplane.models import Budget, Organization, Provider, RoutingTarget
+from controlplane.providers import cloud
 from controlplane.providers.schemas import (
     PriceOverride,
     ProviderCreate,
@@ -25,9 +26,16 @@ from vkgate.wire import EventKind, header_safe
 DEFAULT_BASE_URLS = {
     ProviderKind.OPENAI: "https://api.openai.com/v1",
     ProviderKind.ANTHROPIC: "https://api.anthropic.com",
+    ProviderKind.GEMINI: "https://generativelanguage.googleapis.com",
 }
+"""`bedrock` and `vertex_ai` have none: theirs follows from the region or location."""
 NEEDS_BASE_URL = {ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
-NEEDS_API_KEY = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.ANTHROPIC}
+NEEDS_API_KEY = {
+    ProviderKind.OPENAI,
+    ProviderKind.AZURE_OPENAI,
+    ProviderKind.ANTHROPIC,
+    ProviderKind.GEMINI,
+}
 OPENAI_FORMAT = {ProviderKind.OPENAI, ProviderKind.AZURE_OPENAI, ProviderKind.OPENAI_COMPATIBLE}
 """The kinds that may serve the Responses API themselves (`responses_api`)."""
 
@@ -152,6 +160,7 @@ async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
     await tx.get(Organization, data.organization_id, "organization", param="organization_id")
     _check_no_userinfo(data.base_url)
     _check_sendable(data.api_key, data.headers)
+    checked = cloud.check_create(data)
     base_url = _check_kind_rules(
         data.kind,
         base_url=data.base_url,
@@ -177,6 +186,8 @@ async def create(tx: Tx, cipher: Cipher, data: ProviderCreate) -> Provider:
         responses_api=_responses_api(data.kind, data.responses_api),
         created_at=now,
         updated_at=now,
+        settings=checked.settings,
+        credentials_encrypted=cloud.seal(cipher, provider_id, checked.credentials),
     )
     tx.session.add(row)
     await _record(tx, row, "provider.create", {"name": row.name, "kind": row.kind})
@@ -204,9 +215,15 @@ async def update(tx: Tx, cipher: Cipher, provider_id: str, data: ProviderUpdate)
         if data.api_key is msgspec.UNSET
         else data.api_key is not None
     )
+    checked, cloud_changed = cloud.check_update(kind, row, data)
     row.base_url = _check_kind_rules(
         kind, base_url=base_url, has_api_key=has_api_key, api_version=api_version
     )
+    if cloud_changed:
+        row.settings = checked.settings
+        if "credentials" in cloud_changed:
+            row.credentials_encrypted = cloud.seal(cipher, row.id, checked.credentials)
+        changed.extend(cloud_changed)
     row.api_version = api_version
     for field in ("base_url", "api_version"):
         if getattr(data, field) is not msgspec.UNSET:

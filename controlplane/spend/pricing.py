@@ -50,6 +50,10 @@ GENAI_PROVIDER_IDS: dict[str, str] = {
     "openai": "openai",
     "azure_openai": "azure",
     "anthropic": "anthropic",
+    "bedrock": "aws",
+    "gemini": "google",
+    # Vertex AI bills Gemini at Google's list prices.
+    "vertex_ai": "google",
     # openai_compatible (vLLM, Ollama, …) is matched by its model name alone.
 }
 

@@ -22,21 +22,71 @@ PROVIDER_COLUMNS = (
     "responses_api",
 )
 POLICY_COLUMNS = ("id", "organization_id", "name", "aliases")
-KINDS = ("openai", "azure_openai", "anthropic", "openai_compatible", "mock")
+KINDS = (
+    "openai",
+    "azure_openai",
+    "anthropic",
+    "openai_compatible",
+    "mock",
+    "bedrock",
+    "gemini",
+    "vertex_ai",
+)
+
+
+STORED_CREDENTIAL = {"bedrock": "aws_access_key_id", "vertex_ai": "service_account_json"}
+"""The field whose `null` forgets a cloud kind's stored credential."""
+
+
+def _secret(value: str | None, env_name: str | None, option: str) -> str | None:
+    """From --OPTION (`-` reads stdin, keeping it out of shell history) or --OPTION-env."""
+    if value is not None and env_name is not None:
+        raise click.UsageError(f"give --{option} or --{option}-env, not both")
+    if value == "-":
+        return sys.stdin.readline().strip() or None
+    if env_name is not None:
+        found = E.environment().get(env_name)
+        if not found:
+            raise click.BadParameter(f"{env_name} is not set", param_hint=f"--{option}-env")
+        return found
+    return value
 
 
 def _api_key(api_key: str | None, api_key_env: str | None) -> str | None:
-    """From --api-key (`-` reads stdin, keeping it out of shell history) or --api-key-env."""
-    if api_key is not None and api_key_env is not None:
-        raise click.UsageError("give --api-key or --api-key-env, not both")
-    if api_key == "-":
-        return sys.stdin.readline().strip() or None
-    if api_key_env is not None:
-        value = E.environment().get(api_key_env)
-        if not value:
-            raise click.BadParameter(f"{api_key_env} is not set", param_hint="--api-key-env")
-        return value
-    return api_key
+    return _secret(api_key, api_key_env, "api-key")
+
+
+def _service_account(path: str | None) -> str | None:
+    """The JSON key file's text: the control plane checks it (and says what is wrong)."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _cloud_fields(
+    region: str | None,
+    project: str | None,
+    location: str | None,
+    aws_access_key_id: str | None,
+    aws_secret_access_key: str | None,
+    aws_secret_access_key_env: str | None,
+    aws_session_token_env: str | None,
+    service_account_file: str | None,
+) -> dict[str, Any]:
+    """The cloud kinds' fields that were given (the control plane refuses a kind's foreign ones)."""
+    secret = _secret(aws_secret_access_key, aws_secret_access_key_env, "aws-secret-access-key")
+    token = _secret(None, aws_session_token_env, "aws-session-token")
+    fields = {
+        "region": region,
+        "project": project,
+        "location": location,
+        "aws_access_key_id": aws_access_key_id,
+        "aws_secret_access_key": secret,
+        "aws_session_token": token,
+        "service_account_json": _service_account(service_account_file),
+    }
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _prices(values: tuple[str, ...]) -> dict[str, dict[str, str]] | None:
@@ -56,6 +106,12 @@ def _prices(values: tuple[str, ...]) -> dict[str, dict[str, str]] | None:
     return prices
 
 
+def _base_url(base_url: str | None, endpoint_url: str | None) -> str | None:
+    if base_url is not None and endpoint_url is not None:
+        raise click.UsageError("give --base-url or --endpoint-url, not both")
+    return base_url if base_url is not None else endpoint_url
+
+
 def _provider_options(function: Any) -> Any:
     for option in reversed(
         [
@@ -71,6 +127,32 @@ def _provider_options(function: Any) -> Any:
                 default=None,
                 help="Whether an OpenAI-format provider serves the Responses API itself "
                 "(the default); --no-responses-api has the proxy translate it to chat.",
+            ),
+            click.option(
+                "--endpoint-url",
+                help="bedrock: the runtime endpoint, as boto3's endpoint_url (= --base-url).",
+            ),
+            click.option("--region", help="bedrock: the AWS region, e.g. us-east-1."),
+            click.option("--project", help="vertex_ai: the Google Cloud project."),
+            click.option("--location", help="vertex_ai: us-central1, europe-west4, global…"),
+            click.option(
+                "--aws-access-key-id",
+                help="bedrock: stored AWS keys; leave out to use the proxy's own AWS credentials.",
+            ),
+            click.option(
+                "--aws-secret-access-key", help="bedrock: the secret; `-` reads standard input."
+            ),
+            click.option(
+                "--aws-secret-access-key-env", help="bedrock: read the secret from this variable."
+            ),
+            click.option(
+                "--aws-session-token-env", help="bedrock: read a session token from this variable."
+            ),
+            click.option(
+                "--service-account-file",
+                type=click.Path(exists=True, dir_okay=False),
+                help="vertex_ai: a service account's JSON key; leave out to use the proxy's own "
+                "Google credentials.",
             ),
         ]
     ):
@@ -101,10 +183,11 @@ def provider_add(
     prices: tuple[str, ...],
     responses_api: bool | None,
     as_json: bool,
+    **cloud: Any,
 ) -> None:
     body: dict[str, Any] = {"organization_id": org_id, "name": name, "kind": kind}
     optional = {
-        "base_url": base_url,
+        "base_url": _base_url(base_url, cloud.pop("endpoint_url")),
         "api_key": _api_key(api_key, api_key_env),
         "api_version": api_version,
         "headers": parse_pairs(headers, "--header") or None,
@@ -112,17 +195,25 @@ def provider_add(
         "responses_api": responses_api,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    body.update(_cloud_fields(**cloud))
     show(admin_client().post("/api/admin/providers", body), PROVIDER_COLUMNS, as_json=as_json)
 
 
 @providers.command("update")
 @click.argument("provider_id")
 @click.option("--name")
+@click.option(
+    "--workload-credentials",
+    is_flag=True,
+    help="bedrock, vertex_ai: forget the stored keys or service account; the proxy's own "
+    "credentials are used.",
+)
 @_provider_options
 @json_option
 def provider_update(
     provider_id: str,
     name: str | None,
+    workload_credentials: bool,
     base_url: str | None,
     api_key: str | None,
     api_key_env: str | None,
@@ -131,20 +222,31 @@ def provider_update(
     prices: tuple[str, ...],
     responses_api: bool | None,
     as_json: bool,
+    **cloud: Any,
 ) -> None:
     changes = {
         "name": name,
-        "base_url": base_url,
+        "base_url": _base_url(base_url, cloud.pop("endpoint_url")),
         "api_key": _api_key(api_key, api_key_env),
         "api_version": api_version,
         "headers": parse_pairs(headers, "--header") or None,
         "price_overrides": _prices(prices),
         "responses_api": responses_api,
     }
-    body = {k: v for k, v in changes.items() if v is not None}
+    body: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
+    body.update(_cloud_fields(**cloud))
+    client = admin_client()
+    if workload_credentials:
+        kind = client.get(f"/api/admin/providers/{provider_id}")["kind"]
+        stored = STORED_CREDENTIAL.get(kind)
+        if stored is None:
+            raise click.UsageError(f"a {kind} provider has no cloud credentials to forget")
+        if stored in body:
+            raise click.UsageError("give new credentials or --workload-credentials, not both")
+        body[stored] = None
     if not body:
         raise click.UsageError("nothing to change: give at least one option")
-    row = admin_client().patch(f"/api/admin/providers/{provider_id}", body)
+    row = client.patch(f"/api/admin/providers/{provider_id}", body)
     show(row, PROVIDER_COLUMNS, as_json=as_json)
 
 
