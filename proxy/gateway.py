@@ -36,6 +36,7 @@ from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
+from proxy.gemini_api import METHODS as GEMINI_METHODS
 from proxy.gemini_api import GeminiApi
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
 from proxy.limits.cost import Prompt
@@ -237,6 +238,11 @@ class Gateway:
         if path == "/models":
             listing = _models_body
         elif route is None and path.startswith(_MODEL_PREFIX):
+            if path.rpartition(":")[2] in GEMINI_METHODS:
+                # A Gemini API method (`/v1/models/{model}:generateContent`), google-genai's
+                # default version.
+                await self.gemini(scope, receive, send, prefix="/v1")
+                return
             listing = partial(model_body, alias=path.removeprefix(_MODEL_PREFIX))
         elif route is None:
             call = stored.route(path, scope["method"])

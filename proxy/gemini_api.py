@@ -2,7 +2,9 @@
 
 Routes, as Google's own: `POST /v1beta/models/{model}:generateContent`,
 `:streamGenerateContent?alt=sse`, `:countTokens`, `:embedContent`, `:batchEmbedContents`;
-`GET /v1beta/models` and `GET /v1beta/models/{model}`. `{model}` is an alias of the key's
+`GET /v1beta/models` and `GET /v1beta/models/{model}`. The same methods are served under `/v1`
+(`POST /v1/models/{model}:generateContent`, …), where google-genai goes unless told `v1beta`;
+`GET /v1/models` stays OpenAI's list. `{model}` is an alias of the key's
 routing policy, served by its `gemini` and `vertex_ai` credentials (the others of its chain are
 passed over); bodies pass through as the client sent them (the model is in the URL), answers
 come back as the provider sent them, and everything else (limits, budgets, failover, spend
@@ -44,7 +46,9 @@ METHODS: dict[str, Operation] = {
     "embedContent": Operation.EMBED_CONTENT,
     "batchEmbedContents": Operation.BATCH_EMBED_CONTENTS,
 }
-LABELS = {name: f"{PREFIX}/models/*:{name}" for name in METHODS}
+LABELS = {
+    prefix: {name: f"{prefix}/models/*:{name}" for name in METHODS} for prefix in (PREFIX, "/v1")
+}
 """Route labels (metrics, traces, spend records): never the model, whose names are unbounded."""
 MODELS_LABEL = f"{PREFIX}/models"
 OTHER_LABEL = f"{PREFIX}/other"
@@ -74,7 +78,10 @@ class GeminiApi:
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, prefix: str = PREFIX
+    ) -> None:
+        """A request whose path (`scope["path"]`) is below `prefix`."""
         from proxy.gateway import Route
 
         head = Head(scope)
@@ -92,7 +99,7 @@ class GeminiApi:
         name, colon, method = path.removeprefix("/models/").rpartition(":")
         if path.startswith("/models/") and colon and method in METHODS:
             operation = METHODS[method]
-            label = LABELS[method]
+            label = LABELS[prefix][method]
             stream = operation is Operation.STREAM_GENERATE_CONTENT
             if stream and query.get("alt") != ["sse"]:
                 prepare = partial(
@@ -101,6 +108,8 @@ class GeminiApi:
             else:
                 prepare = partial(_prepare, name, operation)
             route = Route(label, prepare, WireFormat.GEMINI)
+        elif prefix != PREFIX:
+            pass  # under /v1, only the methods are Gemini's
         elif path == "/models":
             label, listing = MODELS_LABEL, _listing
         elif path.startswith("/models/") and not colon:
@@ -114,7 +123,7 @@ class GeminiApi:
             label,
             client=WireFormat.GEMINI,
             listing=listing,
-            prefix=PREFIX,
+            prefix=prefix,
         )
 
 
