@@ -50,11 +50,18 @@ class DocumentBlock(msgspec.Struct, tag_field="type", tag="document", forbid_unk
     cache_control: CacheControl | None = None
 
 
+class Caller(msgspec.Struct):
+    type: str
+    tool_id: str | None = None
+
+
 class ToolUseBlock(msgspec.Struct, tag_field="type", tag="tool_use", forbid_unknown_fields=True):
     id: str
     name: str
     input: msgspec.Raw
     cache_control: CacheControl | None = None
+    caller: Caller | None = None
+    """Who called the tool: only the model itself (`direct`) can be translated."""
 
 
 class ToolResultBlock(

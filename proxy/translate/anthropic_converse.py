@@ -139,6 +139,8 @@ def _blocks(blocks: list[A.Block], at: str, documents: _Documents) -> list[dict[
         elif isinstance(block, A.ToolUseBlock):
             if not bytes(block.input).lstrip().startswith(b"{"):
                 raise invalid(f"`{here}.input` must be an object", param=f"{here}.input")
+            if block.caller is not None and block.caller.type != "direct":
+                raise refused(f"{here}.caller", BEDROCK, ": only the model's own calls can be")
             out.append(
                 {"toolUse": {"toolUseId": block.id, "name": block.name, "input": block.input}}
             )

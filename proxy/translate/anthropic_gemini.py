@@ -97,6 +97,8 @@ def _parts(blocks: list[A.Block], at: str, names: dict[str, str]) -> list[dict[s
         elif isinstance(block, A.ToolUseBlock):
             if not bytes(block.input).lstrip().startswith(b"{"):
                 raise invalid(f"`{here}.input` must be an object", param=f"{here}.input")
+            if block.caller is not None and block.caller.type != "direct":
+                raise refused(f"{here}.caller", GEMINI, ": only the model's own calls can be")
             names[block.id] = block.name
             out.append(function_call(block.id, block.name, block.input))
         elif isinstance(block, A.ToolResultBlock):
