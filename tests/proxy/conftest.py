@@ -26,6 +26,8 @@ from tests.support.api import ANY, create
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET
 from tests.support.fake_anthropic import FakeAnthropic, serve_fake_anthropic
+from tests.support.fake_bedrock import FakeBedrock, serve_fake_bedrock
+from tests.support.fake_gemini import FakeGemini, serve_fake_gemini
 from tests.support.fake_openai import API_KEY, FakeOpenAI, serve_fake_openai
 from tests.support.processes import free_port
 
@@ -50,6 +52,18 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
 @pytest.fixture
 async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
     async with serve_fake_anthropic() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_bedrock() -> AsyncIterator[FakeBedrock]:
+    async with serve_fake_bedrock() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_gemini() -> AsyncIterator[FakeGemini]:
+    async with serve_fake_gemini() as fake:
         yield fake
 
 
