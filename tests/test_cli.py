@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import fake_gemini as FG
 from tests.support.env import ADMIN_TOKEN
 from tests.support.processes import clean_env, free_port, sqlite_controlplane, vkgate
 
@@ -153,6 +154,48 @@ def test_provider_commands_never_print_the_credential(cli: Cli) -> None:
     assert cli.ok("providers", "remove", added["id"]).strip() == f"removed {added['id']}"
     assert cli.json("providers", "list", "--org", org) == []
     assert "404 not_found" in cli.fails("providers", "show", added["id"])
+
+
+def test_cloud_provider_commands_take_their_fields_and_never_print_the_credentials(
+    cli: Cli, tmp_path: Path
+) -> None:
+    org = new_org(cli, "acme-clouds")
+    secret = "cli/test/aws+secret/0123456789abcdefghij"
+    env = {**cli.env, "CLI_TEST_AWS_SECRET": secret}
+    bedrock = cli.json(
+        "providers", "add", "--org", org, "--name", "bedrock", "--kind", "bedrock",
+        "--region", "eu-central-1", "--endpoint-url", "https://bedrock.example.internal",
+        "--aws-access-key-id", "AKIACLITESTKEY000001",
+        "--aws-secret-access-key-env", "CLI_TEST_AWS_SECRET",
+        env=env,
+    )  # fmt: skip
+    assert (bedrock["region"], bedrock["base_url"]) == (
+        "eu-central-1",
+        "https://bedrock.example.internal",
+    )
+    assert bedrock["cloud_credentials"] == "stored"
+    account = FG.FakeGemini(url="https://oauth2.example").service_account()
+    key_file = tmp_path / "account.json"
+    key_file.write_text(json.dumps(account))
+    vertex = cli.json(
+        "providers", "add", "--org", org, "--name", "vertex", "--kind", "vertex_ai",
+        "--project", "acme-ml", "--location", "global", "--service-account-file", str(key_file),
+    )  # fmt: skip
+    assert (vertex["project"], vertex["location"], vertex["cloud_credentials"]) == (
+        "acme-ml",
+        "global",
+        "stored",
+    )
+    workload = cli.json("providers", "update", vertex["id"], "--workload-credentials")
+    assert workload["cloud_credentials"] == "workload"
+    refused = cli.fails("providers", "update", bedrock["id"], "--project", "x")
+    assert "422 validation_error" in refused and "project" in refused
+    for output in (
+        cli.ok("providers", "list", "--org", org, "--json"),
+        cli.ok("providers", "show", bedrock["id"], "--json"),
+    ):
+        assert secret not in output and "AKIACLITESTKEY000001" not in output
+        assert account["private_key"][40:80] not in output
 
 
 def test_policy_alias_keeps_the_fallback_chain_in_the_order_given(cli: Cli) -> None:
