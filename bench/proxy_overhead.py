@@ -64,6 +64,68 @@ def seed(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
         return str(key["key"]), str(governed["key"])
 
 
+def seed_clouds(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
+    """Two governed keys whose policies route gpt-4o-mini (and -stream) to a `bedrock`
+    credential and to a `gemini` one at the upstream (its Converse and generateContent
+    answers): the bedrock key's requests are translated and signed, the gemini key's
+    translated."""
+    keys = []
+    with Admin(controlplane, token) as admin:
+        org = admin.post("/api/admin/organizations", {"name": "bench-clouds"})["id"]
+        project = admin.post("/api/admin/projects", {"organization_id": org, "name": "clouds"})
+        clouds = {
+            "bedrock": (
+                {
+                    "region": "us-east-1",
+                    "aws_access_key_id": "AKIABENCHMARKKEY0001",
+                    "aws_secret_access_key": "bench/secret/key/0123456789abcdefghijklmn",
+                },
+                "amazon.nova-lite-v1:0",
+            ),
+            "gemini": ({"api_key": "AIza-bench-upstream"}, "gemini-2.5-flash"),
+        }
+        for kind, (fields, model) in clouds.items():
+            provider = admin.post(
+                "/api/admin/providers",
+                {
+                    "organization_id": org,
+                    "name": kind,
+                    "kind": kind,
+                    "base_url": upstream,
+                    **fields,
+                },
+            )["id"]
+            chain = [{"provider_id": provider, "model": model}]
+            policy = admin.post(
+                "/api/admin/routing-policies",
+                {
+                    "organization_id": org,
+                    "name": kind,
+                    "aliases": {"gpt-4o-mini": chain, "gpt-4o-mini-stream": chain},
+                },
+            )["id"]
+            key = admin.post(
+                "/api/admin/virtual-keys",
+                {
+                    "project_id": project["id"],
+                    "name": kind,
+                    "routing_policy_id": policy,
+                    "limits": GOVERNED_LIMITS,
+                },
+            )
+            admin.post(
+                "/api/admin/budgets",
+                {
+                    "organization_id": org,
+                    "scope": {"kind": "virtual_key", "id": key["id"]},
+                    "window": "month",
+                    "limit_usd": "1000000",
+                },
+            )
+            keys.append(str(key["key"]))
+    return keys[0], keys[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", default="10s", help="wrk duration per run (default 10s)")

@@ -22,6 +22,10 @@
 #   WITH_BARE=1               the bare forwarder (0: skip)
 #   BARE_WORKERS="1 2"        its uvicorn worker counts (1: bare-forwarder, N: bare-forwarder-wN)
 #   VKGATE_WORKERS="1 2"      vkgate proxy worker counts (empty: skip vkgate)
+#   WITH_CLOUD=1              vkgate also through a bedrock and a gemini credential on the mock
+#                             (rows vkgate-wN-bedrock, vkgate-wN-gemini: chat translated, Bedrock
+#                             signed; no stream run for bedrock, whose event stream nginx cannot
+#                             return); 0: skip
 #   VKGATE_BENCH_PROXY_ENV="NAME=VALUE ..."   extra settings for the vkgate proxy
 #   READY_TIMEOUT=90          seconds vkgate's control plane + seed + proxy may take to start
 #   WITH_LITELLM=auto|0|1     LITELLM_WORKERS="1" (e.g. "1 2")   LITELLM_VENV=/tmp/litellm-venv
@@ -47,6 +51,7 @@ WRK_THREADS="${WRK_THREADS:-1}"
 WITH_BARE="${WITH_BARE:-1}"
 BARE_WORKERS="${BARE_WORKERS:-1 2}"
 VKGATE_WORKERS="${VKGATE_WORKERS-1 2}"
+WITH_CLOUD="${WITH_CLOUD:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 WITH_LITELLM="${WITH_LITELLM:-auto}"
 LITELLM_WORKERS="${LITELLM_WORKERS:-1}"
@@ -387,6 +392,15 @@ for w in $VKGATE_WORKERS; do
     log "$target ready after $(( $(date +%s) - t0 ))s at $VK_URL (proxy pid $VK_PID, control plane pid $VK_CP_PID)"
     AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" run_target "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
     AUX_PID="$VK_CP_PID" run_responses "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
+    if [[ "$WITH_CLOUD" == 1 ]]; then
+      read -r _ VK_BEDROCK VK_GEMINI <<< "$(grep -m1 '^CLOUD ' "$vk_out")"
+      # The same proxy and aliases, the keys routing them to a bedrock / a gemini credential.
+      AUX_PID="$VK_CP_PID" STREAM_CONC="" \
+        run_target "$target-bedrock" "$VK_URL" "$VK_PID" "$VK_BEDROCK"
+      AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" \
+        run_target "$target-gemini" "$VK_URL" "$VK_PID" "$VK_GEMINI"
+      unset VK_BEDROCK VK_GEMINI
+    fi
   else
     if kill -0 "$VPID" 2>/dev/null; then
       log "$target did not become ready in ${READY_TIMEOUT}s; tail of its output:"

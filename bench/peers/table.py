@@ -31,6 +31,12 @@ RATIOS = (
     ("vkgate-w2", "vkgate-w1", "vkgate 2 workers / vkgate 1 worker"),
     ("bare-forwarder-w2", "bare-forwarder", "ceiling 2 workers / ceiling 1 worker"),
     ("bare-forwarder", DIRECT, "ceiling (bare forwarder) / nginx direct"),
+    (
+        "vkgate-w1-bedrock",
+        "vkgate-w1",
+        "Bedrock (translated, signed) / chat pass-through, 1 worker",
+    ),
+    ("vkgate-w1-gemini", "vkgate-w1", "Gemini (translated) / chat pass-through, 1 worker"),
 )
 
 
@@ -97,7 +103,7 @@ def parse(text: str) -> list[Row]:
 
 def details(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
     head = (
-        f"{'target':<15} {'mode':<6} {'conc':>4} {'RPS':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'target':<18} {'mode':<6} {'conc':>4} {'RPS':>9} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'+p50 ms':>8} {'+p99 ms':>8} {'RPS %dir':>8} {'cpu%':>5} {'cp%':>4} {'st%':>4} "
         f"{'errors':>12}"
     )
@@ -117,7 +123,7 @@ def details(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
         aux = str(row.aux_cpu) if row.aux_cpu is not None else "-"
         steal = fmt(row.steal, 1)
         out.append(
-            f"{row.target:<15} {row.mode:<6} {row.conc:>4} {fmt(row.rps, 0):>9} "
+            f"{row.target:<18} {row.mode:<6} {row.conc:>4} {fmt(row.rps, 0):>9} "
             f"{fmt(row.p50):>8} {fmt(row.p99):>8} {fmt(added_p50):>8} {fmt(added_p99):>8} "
             f"{fmt(share, 1):>8} {cpu:>5} {aux:>4} {steal:>4} {errors:>12}"
         )
@@ -145,6 +151,9 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
             return f"{row.rps:,.0f}{mark}"
         if what == "cpu":
             return str(row.cpu)
+        if what == "cost":
+            # % of one core over requests a second: µs of the target's CPU per request.
+            return f"{row.cpu * 10_000 / row.rps:.0f}" if row.rps else "-"
         if what == "aux":
             return "-" if row.aux_cpu is None else str(row.aux_cpu)
         base = direct.get((mode, conc))
@@ -165,6 +174,7 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
         "seq RPS",
         "seq added p50 (ms)",
         f"cpu% at c={high}",
+        f"cpu µs/request at c={high}",
         f"control plane cpu% at c={high}",
     ]
     out = ["| target | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
@@ -187,6 +197,7 @@ def summary(rows: list[Row], direct: dict[tuple[str, str], Row]) -> list[str]:
             cell(target, "seq", "1", "rps"),
             cell(target, "seq", "1", "p50"),
             cell(target, "chat", high, "cpu"),
+            cell(target, "chat", high, "cost"),
             cell(target, "chat", high, "aux"),
         ]
         if any(row.not_run for row in rows if row.target == target):

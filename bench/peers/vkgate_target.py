@@ -8,7 +8,14 @@ with `--workers` worker processes, waits for its /healthz and prints one line
 
 then holds until SIGTERM or SIGINT and stops what it started (by PID: SIGTERM, wait, kill).
 The key printed is the governed one (rate limits and a budget), so every request pays for
-the auth cache, the limit counters, the budget reservation and the spend record.
+the auth cache, the limit counters, the budget reservation and the spend record. Before it,
+a line
+
+    CLOUD <bedrock_key> <gemini_key>
+
+gives two more keys, governed alike, whose policies route the same aliases to a `bedrock`
+credential and to a `gemini` one on the same mock (Converse and generateContent answers): the
+requests are translated, and the Bedrock ones signed with SigV4.
 
     .venv/bin/python bench/peers/vkgate_target.py --workers 2 --upstream http://127.0.0.1:18080
 
@@ -122,8 +129,12 @@ def serve(args: argparse.Namespace, work: Path, extra: dict[str, str]) -> None:
     ) as cp:
         stack.wait_ok(f"{controlplane}/healthz", cp, timeout=args.start_timeout)
         _, governed_key = proxy_overhead.seed(controlplane, token, args.upstream.rstrip("/"))
+        bedrock_key, gemini_key = proxy_overhead.seed_clouds(
+            controlplane, token, args.upstream.rstrip("/")
+        )
         with stack.started([*stack.VKGATE, "proxy"], proxy_env, work / "proxy.log") as proxy:
             stack.wait_ok(f"{base_url}/healthz", proxy, timeout=args.start_timeout)
+            print(f"CLOUD {bedrock_key} {gemini_key}", flush=True)
             print(
                 f"READY {base_url} {proxy.pid} {governed_key} {STREAM_MODEL} {cp.pid}", flush=True
             )
