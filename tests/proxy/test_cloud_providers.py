@@ -27,7 +27,7 @@ from tests.proxy.cloud_support import (
     Clouds,
     make_clouds,
 )
-from tests.proxy.conftest import RunningProxy
+from tests.proxy.conftest import RunningProxy, add_key, add_policy
 from tests.support import fake_bedrock as FB
 from tests.support import fake_gemini as FG
 from tests.support.fake_bedrock import FakeBedrock
@@ -309,3 +309,23 @@ async def test_embeddings_reach_bedrock_and_google_models(
     assert all(len(e.embedding) == 4 for e in encoded.data), "base64 decoded by the SDK"
     if alias == TITAN:
         assert floats.usage.prompt_tokens == 2
+
+
+async def test_an_inference_profile_arn_goes_in_the_path_encoded_and_signed(
+    client: httpx.AsyncClient, clouds: Clouds
+) -> None:
+    arn = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-5-haiku-20241022-v1:0"
+    policy = await add_policy(
+        client, clouds.tenant.org, {"profile": [(clouds.providers["bedrock"], arn)]}
+    )
+    _, key = await add_key(client, clouds.tenant, policy=policy)
+    async with clouds.proxy.openai(key) as sdk:
+        reply = await sdk.chat.completions.create(model="profile", messages=HELLO)
+    assert reply.choices[0].message.content == FB.REPLY
+    assert reply.model == arn
+    raw = clouds.bedrock.raw_paths[-1]
+    assert raw == (
+        "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2F"
+        "us.anthropic.claude-3-5-haiku-20241022-v1%3A0/converse"
+    )
+    assert clouds.bedrock.signed_by[-1] == FB.ACCESS_KEY_ID

@@ -89,6 +89,8 @@ class FakeBedrock(FakeProvider):
     its answer."""
     signed_by: list[str] = field(default_factory=list)
     """The access key id of every request whose signature checked out, in order."""
+    raw_paths: list[str] = field(default_factory=list)
+    """Every Bedrock request's path as it arrived, percent-encoding and all."""
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         return {"message": message}
@@ -134,6 +136,7 @@ def check_signature(fake: FakeBedrock, request: web.Request, body: bytes) -> str
     The signature is computed again with botocore's algorithm, from the request as it arrived:
     its path as sent (percent-encoding and all), its signed headers, its body.
     """
+    fake.raw_paths.append(request.raw_path)
     found = _AUTHORIZATION.match(request.headers.get("Authorization", ""))
     if found is None:
         return "Authorization header is missing or is not SigV4"
