@@ -51,7 +51,8 @@ LABELS = {
 }
 """Route labels (metrics, traces, spend records): never the model, whose names are unbounded."""
 MODELS_LABEL = f"{PREFIX}/models"
-OTHER_LABEL = f"{PREFIX}/other"
+OTHER_LABEL = "other"
+"""A path neither family serves: the one label of all of them, as on `/v1`."""
 _GENERATION = frozenset({Operation.GENERATE_CONTENT, Operation.STREAM_GENERATE_CONTENT})
 _EMBEDDING = frozenset({Operation.EMBED_CONTENT, Operation.BATCH_EMBED_CONTENTS})
 _encode = msgspec.json.Encoder().encode
