@@ -21,6 +21,7 @@ from tests.proxy.cloud_support import (
 )
 from tests.proxy.conftest import RunningProxy, add_key
 from tests.support import fake_gemini as FG
+from tests.support.api import create
 from tests.support.fake_bedrock import FakeBedrock
 from tests.support.fake_gemini import FakeGemini
 
@@ -168,3 +169,49 @@ async def test_rate_limits_govern_the_gemini_api_too(
             await sdk.models.generate_content(model=GEMINI, contents="hello")
     assert refused.value.code == 429
     assert refused.value.status == "RESOURCE_EXHAUSTED"
+
+
+@pytest.mark.parametrize("alias", [GEMINI, VERTEX])
+async def test_embed_content_passes_through_to_studio_and_vertex(
+    clouds: Clouds, alias: str
+) -> None:
+    body = {"content": {"parts": [{"text": "embed me"}]}, "outputDimensionality": 4}
+    async with clouds.proxy.http() as http:
+        response = await http.post(
+            f"/v1beta/models/{alias}:embedContent",
+            headers={"x-goog-api-key": clouds.key},
+            json=body,
+        )
+    assert response.status_code == 200, response.text
+    assert len(response.json()["embedding"]["values"]) == 4
+    assert clouds.gemini.received[-1].json() == body
+
+
+async def test_a_budget_refuses_a_gemini_request_in_googles_shape(
+    client: httpx.AsyncClient, clouds: Clouds
+) -> None:
+    await create(
+        client,
+        "/api/admin/budgets",
+        {
+            "organization_id": clouds.tenant.org,
+            "scope": {"kind": "virtual_key", "id": clouds.tenant.key_id},
+            "window": "month",
+            "limit_usd": "0.0001",
+        },
+    )
+    async with clouds.proxy.http() as http:
+        response = await http.post(
+            f"/v1beta/models/{GEMINI}:generateContent",
+            headers={"x-goog-api-key": clouds.key},
+            json={
+                "contents": [{"role": "user", "parts": [{"text": "hello"}]}],
+                "generationConfig": {"maxOutputTokens": 1_000_000},
+            },
+        )
+    assert response.status_code == 402, response.text
+    error = response.json()["error"]
+    assert error["status"] == "RESOURCE_EXHAUSTED"
+    info = error["details"][0]
+    assert info["reason"] == "BUDGET_EXCEEDED" and info["metadata"]["limit_usd"] == "0.0001"
+    assert clouds.gemini.received == []
