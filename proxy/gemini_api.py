@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from proxy.gateway import Gateway, Route
     from proxy.runtime import KeyRuntime
 
+# The gateway makes this family (`Gateway.gemini`), so what this module needs of the gateway's
+# (its `Route`, `Prepared` and `chain_for`) is imported where it is used, once it is loaded.
+
 PREFIX = "/v1beta"
 METHODS: dict[str, Operation] = {
     "generateContent": Operation.GENERATE_CONTENT,

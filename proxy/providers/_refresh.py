@@ -26,8 +26,10 @@ log = logging.getLogger("vkgate.proxy.providers")
 T = TypeVar("T")
 
 FAILED_RETRY_S = 5.0
-"""After a failed background load, how long requests go on with the old credential before
-one tries again: a failing token endpoint is not called once per request."""
+"""After a failed load, how long before one is tried again: requests go on with the old
+credential meanwhile, or, with none, are refused at once. A failing token endpoint (or a
+workload with no credentials, whose chain takes seconds to say so) is not asked once per
+request, nor does each request wait for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class Refreshing(Generic[T]):
         self._fresh_until = -math.inf
         self._usable_until = -math.inf
         self._loading: asyncio.Future[T] | None = None
+        self._failed: tuple[float, str] | None = None
+        """Until when a failed load is not tried again, and what it said."""
         if initial is not None:
             self._keep(initial)
 
@@ -89,6 +93,9 @@ class Refreshing(Generic[T]):
             if now < self._usable_until:
                 self._start_load(background=True)
                 return value
+        failed = self._failed
+        if failed is not None and self._now() < failed[0]:
+            raise ProviderUnreachable(failed[1])
         return await asyncio.shield(self._start_load(background=False))
 
     def _start_load(self, *, background: bool) -> asyncio.Future[T]:
@@ -115,11 +122,12 @@ class Refreshing(Generic[T]):
             if background and self._value is not None:
                 self._fresh_until = min(self._now() + FAILED_RETRY_S, self._usable_until)
                 return self._value
-            raise ProviderUnreachable(
-                f"no {self._what} could be had ({type(exc).__name__})"
-            ) from None
+            message = f"no {self._what} could be had ({type(exc).__name__})"
+            self._failed = (self._now() + FAILED_RETRY_S, message)
+            raise ProviderUnreachable(message) from None
         finally:
             self._loading = None
+        self._failed = None
         self._keep(loaded)
         return loaded.value
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.providers._refresh import Freshness, Loaded, Refreshing
+from proxy.providers._refresh import FAILED_RETRY_S, Freshness, Loaded, Refreshing
 from proxy.providers.base import ProviderUnreachable
 from tests.proxy.cloud_support import BEDROCK, HELLO, VERTEX, Clouds, make_clouds
 from tests.proxy.conftest import RunningProxy
@@ -175,3 +175,16 @@ async def test_a_failed_background_refresh_keeps_the_token_and_a_failed_first_lo
         ProviderUnreachable, match=re.escape("no test token could be had (RuntimeError)")
     ):
         await broken.get()
+
+
+async def test_a_failed_first_load_refuses_at_once_until_it_is_tried_again() -> None:
+    clock, loader = ManualClock(), Loader()
+    loader.fail = True
+    tokens = Refreshing(loader, clock, what="test token", provider_id="prov_1")
+    for _ in range(3):
+        with pytest.raises(ProviderUnreachable):
+            await tokens.get()
+    assert loader.calls == 1, "refused at once, not loaded again per request"
+    loader.fail = False
+    clock.elapse(FAILED_RETRY_S + 0.1)
+    assert await tokens.get() == "token-2"
