@@ -230,57 +230,50 @@ class Gateway:
         """Paid requests admitted and not yet finished."""
         return self._pace.in_flight
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"].rstrip("/")
-        route = self._routes.get(path)
-        listing: Listing | None = None
-        call: stored.Call | None = None
-        if path == "/models":
-            listing = _models_body
-        elif route is None and path.startswith(_MODEL_PREFIX):
-            if path.rpartition(":")[2] in GEMINI_METHODS:
-                # A Gemini API method (`/v1/models/{model}:generateContent`), google-genai's
-                # default version.
-                await self.gemini(scope, receive, send, prefix="/v1")
-                return
-            listing = partial(model_body, alias=path.removeprefix(_MODEL_PREFIX))
-        elif route is None:
-            call = stored.route(path, scope["method"])
-        await self.handle(
-            scope,
-            receive,
-            send,
-            Head(scope),
-            route,
-            route.path
-            if route is not None
-            else call.label
-            if call is not None
-            else _route_label(path),
-            listing=listing,
-            call=call,
-        )
-
-    async def handle(
+    async def __call__(
         self,
         scope: Scope,
         receive: Receive,
         send: Send,
-        head: Head,
-        route: Route | None,
-        label: str,
+        head: Head | None = None,
+        route: Route | None = None,
+        label: str = "",
         *,
         client: WireFormat = WireFormat.OPENAI,
         listing: Listing | None = None,
         call: stored.Call | None = None,
         prefix: str = "/v1",
     ) -> None:
-        """One request of a route family: a paid `route` down the pipeline, a `listing` of the
-        key's models (GET), a `call` on a stored response, or else a 404; answered, errors too,
-        in the route's format (or `client`'s). `label` names the route in metrics and traces,
-        `prefix` the family."""
+        """A `/v1` request (the ASGI call); or, with its `head` read, one of another route family
+        (`GeminiApi`): a paid `route` down the pipeline, a `listing` of the key's models (GET), a
+        `call` on a stored response, or else a 404, answered (errors too) in the route's format
+        or else `client`'s. `label` names the route in metrics and traces, `prefix` the family in
+        a 404's message.
+
+        One method rather than one per family calling a shared one: a coroutine more per
+        request costs every request."""
         started = self._now()
         path = scope["path"].rstrip("/")
+        if head is None:
+            route = self._routes.get(path)
+            if route is not None:
+                label = route.path
+            else:
+                label = _route_label(path)
+                if path == "/models":
+                    listing = _models_body
+                elif path.startswith(_MODEL_PREFIX):
+                    if path.rpartition(":")[2] in GEMINI_METHODS:
+                        # A Gemini API method (`/v1/models/{model}:generateContent`):
+                        # google-genai's default version.
+                        await self.gemini(scope, receive, send, prefix="/v1")
+                        return
+                    listing = partial(model_body, alias=path.removeprefix(_MODEL_PREFIX))
+                else:
+                    call = stored.route(path, scope["method"])
+                    if call is not None:
+                        label = call.label
+            head = Head(scope)
         if route is not None:
             client = route.client
         trace = (

@@ -118,7 +118,7 @@ class GeminiApi:
             label, listing = MODELS_LABEL, _listing
         elif path.startswith("/models/") and not colon:
             label, listing = MODELS_LABEL, partial(_one_model, path.removeprefix("/models/"))
-        await self._gateway.handle(
+        await self._gateway(
             scope,
             receive,
             send,
