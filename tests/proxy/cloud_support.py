@@ -17,6 +17,9 @@ from tests.support.api import create
 from tests.support.fake_bedrock import FakeBedrock
 from tests.support.fake_gemini import FakeGemini
 
+TIMEOUT_S = 30
+"""A proxy's first call to a cloud kind loads botocore or google-auth (in a thread) and a first
+token: on a loaded machine that can take seconds, which the SDKs' wait must cover."""
 BEDROCK = "bedrock-claude"
 """An alias routed to the Bedrock credential."""
 GEMINI = "gemini-flash"
@@ -67,14 +70,16 @@ class Clouds:
         return self.tenant.key
 
     def openai(self) -> openai.AsyncOpenAI:
-        return self.proxy.openai(self.tenant.key)
+        return openai.AsyncOpenAI(
+            base_url=self.proxy.url, api_key=self.tenant.key, max_retries=0, timeout=TIMEOUT_S
+        )
 
     def anthropic(self) -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(
             base_url=self.proxy.url.removesuffix("/v1"),
             api_key=self.tenant.key,
             max_retries=0,
-            timeout=10,
+            timeout=TIMEOUT_S,
         )
 
 
