@@ -43,7 +43,7 @@ def gemini_client(clouds: Clouds, key: str | None = None) -> genai.Client:
         http_options=types.HttpOptions(
             base_url=clouds.proxy.url.removesuffix("/v1"),
             api_version="v1beta",
-            timeout=10_000,
+            timeout=30_000,
             retry_options=types.HttpRetryOptions(attempts=1),
         ),
     )
