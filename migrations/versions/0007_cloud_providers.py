@@ -1,7 +1,7 @@
 """cloud provider fields: settings and a sealed credential
 
-Revision ID: 0006
-Revises: 0003
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0003"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
