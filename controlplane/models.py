@@ -101,6 +101,9 @@ class RoutingPolicy(Base):
     name: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # What its keys' requests may contain (policies/schemas.py `Rule`); the server default
+    # fills the policies of before rules.
+    rules: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default=text("'[]'"))
 
 
 class RoutingTarget(Base):
@@ -172,6 +175,29 @@ class Budget(Base):
         ForeignKey("providers.id", ondelete="RESTRICT"), index=True
     )
     on_breach: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Guardrail(Base):
+    """A check on the text of requests and answers of the keys in its scope."""
+
+    __tablename__ = "guardrails"
+    __table_args__ = (UniqueConstraint("organization_id", "name"),)
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str | None] = mapped_column(String(64))
+    stage: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]]
+    # A webhook's signing secret, sealed like a provider credential; never returned.
+    secret_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
+    action: Mapped[str] = mapped_column(String(16))
+    on_error: Mapped[str] = mapped_column(String(16))
+    timeout_ms: Mapped[int]
+    enabled: Mapped[bool] = mapped_column(server_default=true())
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

@@ -34,6 +34,7 @@ from proxy.auth import AuthCache
 from proxy.breaker import Breakers
 from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
+from proxy.documents import Shape
 from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.gemini_api import METHODS as GEMINI_METHODS
@@ -51,6 +52,7 @@ from proxy.providers.base import WireFormat
 from proxy.responses import stored
 from proxy.responses.exchange import ResponsesExchange, narrowed, opened_previous
 from proxy.responses.ids import ResponseIds
+from proxy.rules import PolicyViolation, model_denied
 from proxy.runtime import KeyRuntime
 from proxy.settings import ProxySettings
 from proxy.spend import records
@@ -70,6 +72,8 @@ def chain_for(runtime: KeyRuntime, model: str) -> tuple[Upstream, ...]:
     """Policy, then model resolution: the alias must be the key's to use."""
     chain = runtime.chains.get(model)
     if chain is None:
+        if model in runtime.denied:
+            raise model_denied(model, runtime.denied[model])
         if model in runtime.not_allowed:
             raise ProxyError(
                 ErrorCode.MODEL_NOT_ALLOWED,
@@ -139,6 +143,8 @@ class Route:
     prepare: Prepare
     client: WireFormat = WireFormat.OPENAI
     """The format the route answers in, its errors included."""
+    shape: Shape = Shape.CHAT
+    """What its request body is, for policy rules and guardrails."""
 
 
 Listing = Callable[[KeyRuntime], bytes]
@@ -213,14 +219,22 @@ class Gateway:
         self._stored = stored.StoredResponses(self._response_ids)
         self._routes: dict[str, Route] = {
             "/chat/completions": Route("/v1/chat/completions", self._chat),
-            "/messages": Route("/v1/messages", self._messages, WireFormat.ANTHROPIC),
-            "/embeddings": Route("/v1/embeddings", self._embeddings),
-            "/audio/speech": Route("/v1/audio/speech", audio.speech),
-            "/audio/transcriptions": Route("/v1/audio/transcriptions", audio.transcription),
-            "/audio/translations": Route("/v1/audio/translations", audio.translation),
-            "/images/generations": Route("/v1/images/generations", images.generation),
-            "/images/edits": Route("/v1/images/edits", images.edit),
-            "/responses": Route("/v1/responses", self._responses),
+            "/messages": Route(
+                "/v1/messages", self._messages, WireFormat.ANTHROPIC, Shape.MESSAGES
+            ),
+            "/embeddings": Route("/v1/embeddings", self._embeddings, shape=Shape.EMBEDDINGS),
+            "/audio/speech": Route("/v1/audio/speech", audio.speech, shape=Shape.SPEECH),
+            "/audio/transcriptions": Route(
+                "/v1/audio/transcriptions", audio.transcription, shape=Shape.UPLOAD
+            ),
+            "/audio/translations": Route(
+                "/v1/audio/translations", audio.translation, shape=Shape.UPLOAD
+            ),
+            "/images/generations": Route(
+                "/v1/images/generations", images.generation, shape=Shape.IMAGES
+            ),
+            "/images/edits": Route("/v1/images/edits", images.edit, shape=Shape.UPLOAD),
+            "/responses": Route("/v1/responses", self._responses, shape=Shape.RESPONSES),
         }
         self.gemini = GeminiApi(self)
         """Google's Gemini API under `/v1beta`, served by the same pipeline."""
@@ -424,6 +438,11 @@ class Gateway:
             body = await read_body(receive, self._max_body, head.content_length)
             prepared = ticket.request = route.prepare(runtime, head, body)
             try:
+                if runtime.rules is not None:
+                    capped = runtime.rules.check(route.shape, body, head.content_type)
+                    if capped is not None:
+                        body = capped
+                        prepared = ticket.request = route.prepare(runtime, head, body)
                 chain = chain_for(runtime, prepared.model)
                 if prepared.narrow is not None:
                     chain = prepared.narrow(chain)
@@ -466,6 +485,8 @@ class Gateway:
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
         except ProxyError as exc:
             status, code, error = exc.status, exc.code, exc
+            if isinstance(exc, PolicyViolation) and ticket is not None:
+                ticket.policy_rule = exc.rule
             if hold is not None and hold.headers:
                 # Every answer to a limited key says where its limits stand.
                 exc.headers = (*exc.headers, *hold.headers)

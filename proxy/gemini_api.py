@@ -25,6 +25,7 @@ import msgspec
 
 from proxy import body as B
 from proxy.asgi import Head, Receive, Scope, Send
+from proxy.documents import Shape
 from proxy.errors import ProxyError, invalid
 from proxy.prepared import Prepared
 from proxy.providers.base import Operation, Upstream, WireFormat
@@ -111,7 +112,8 @@ class GeminiApi:
                 )
             else:
                 prepare = partial(_prepare, name, operation)
-            route = Route(label, prepare, WireFormat.GEMINI)
+            shape = Shape.GEMINI if operation in _GENERATION else Shape.GEMINI_EMBED
+            route = Route(label, prepare, WireFormat.GEMINI, shape)
         elif prefix != PREFIX:
             pass  # under /v1, only the methods are Gemini's
         elif path == "/models":

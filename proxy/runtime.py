@@ -18,10 +18,12 @@ from dataclasses import dataclass
 import msgspec
 from cachetools import LRUCache
 
-from proxy.limits.budgets import BudgetRule, rules_of
+from proxy.limits.budgets import BudgetRule
+from proxy.limits.budgets import rules_of as budget_rules_of
 from proxy.limits.cost import rates_of
 from proxy.limits.rates import RatePlan, plan_of
 from proxy.providers import Provider, ProviderMisconfigured, Upstream
+from proxy.rules import RuleSet, rules_of
 from vkgate.clock import unix_seconds
 from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, header_safe
 
@@ -50,6 +52,11 @@ class KeyRuntime:
     """The key's and its team's rate limits; None when it has none."""
     budget_rules: tuple[BudgetRule, ...] = ()
     """Every budget the key's requests may fall under."""
+    rules: RuleSet | None = None
+    """The rules of the key's routing policy that read requests; None when it has none."""
+    denied: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Aliases a `deny_models` rule refuses (all of their chain, or the alias itself), each
+    with the rule's name: 403 `policy_violation`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +110,31 @@ def _unsendable(target: ChainTarget) -> str | None:
     return None
 
 
+def _without_denied(routes: Routes, rules: RuleSet) -> tuple[Routes, dict[str, str]]:
+    """The routes with what `deny_models` rules refuse taken out: a denied alias whole, and a
+    denied upstream model from its chains (an alias left with none is denied too)."""
+    chains: dict[str, tuple[Upstream, ...]] = {}
+    denied: dict[str, str] = {}
+    for alias, chain in routes.chains.items():
+        rule = rules.model_rule(alias)
+        kept = chain if rule is not None else ()
+        if rule is None:
+            kept = tuple(u for u in chain if rules.model_rule(u.model) is None)
+            if chain and not kept:
+                rule = rules.model_rule(chain[0].model)
+        if rule is not None:
+            denied[alias] = rule
+        else:
+            chains[alias] = kept
+    return dataclasses.replace(routes, chains=chains, models_body=_models_body(chains)), denied
+
+
 def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
     """The key's runtime: its own facts from `bundle`, its routes as compiled (and shared)."""
+    rules = rules_of(bundle.rules)
+    denied: dict[str, str] = {}
+    if rules is not None and rules.denies_models:
+        routes, denied = _without_denied(routes, rules)
     return KeyRuntime(
         vk_id=bundle.vk_id,
         # Interned: thousands of cached keys of one organization keep one copy of each.
@@ -120,7 +150,9 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         limits=bundle.limits,
         budgets=tuple(bundle.budgets),
         rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
-        budget_rules=rules_of(bundle.budgets),
+        budget_rules=budget_rules_of(bundle.budgets),
+        rules=rules if rules is not None and rules.reads_requests else None,
+        denied=denied,
     )
 
 
@@ -165,6 +197,15 @@ def compile_routes(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> R
                 # kind: the rest of the chain still serves.
                 log.warning("provider %s skipped: %s", target.provider_id, exc)
         chains[alias] = tuple(compiled)
+    return Routes(
+        chains=chains,
+        not_allowed=frozenset(not_allowed),
+        models_body=_models_body(chains),
+        provider_ids=frozenset(t.provider_id for ts in bundle.aliases.values() for t in ts),
+    )
+
+
+def _models_body(chains: Mapping[str, tuple[Upstream, ...]]) -> bytes:
     models = {
         "object": "list",
         "data": [
@@ -179,9 +220,4 @@ def compile_routes(bundle: ConfigBundle, providers: Mapping[str, Provider]) -> R
             if chain
         ],
     }
-    return Routes(
-        chains=chains,
-        not_allowed=frozenset(not_allowed),
-        models_body=msgspec.json.encode(models),
-        provider_ids=frozenset(t.provider_id for ts in bundle.aliases.values() for t in ts),
-    )
+    return msgspec.json.encode(models)

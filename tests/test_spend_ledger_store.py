@@ -409,6 +409,8 @@ async def test_a_row_holds_every_value_of_its_record_as_the_proxy_wrote_it(
         error_code=None,
         refused=True,
         stream=True,
+        policy_rule="no-gpt4",
+        guardrails={"pii": "redacted", "secrets": "passed"},
     )
     priced = PricedEntry(Entry(record, priced.entry.at, "seg-values"), priced.price)
     admitted = msgspec.structs.replace(record, id=f"admit-{secrets.token_hex(4)}", kind="admit")

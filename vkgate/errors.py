@@ -33,6 +33,10 @@ class ErrorCode(StrEnum):
     """Every provider of the chain answered (or had just answered) 429."""
     UNSUPPORTED_OPERATION = "unsupported_operation"
     """A credential of the chain cannot serve the route (an Anthropic one asked to embed)."""
+    POLICY_VIOLATION = "policy_violation"
+    """A rule of the key's routing policy refuses the request (the error names rule and param)."""
+    GUARDRAIL_BLOCKED = "guardrail_blocked"
+    """A guardrail blocked the request or its answer (the error names guardrail and stage)."""
     # Control plane codes (admin, finance and internal APIs).
     VALIDATION_ERROR = "validation_error"
     UNAUTHORIZED = "unauthorized"
@@ -74,6 +78,8 @@ ERRORS: dict[ErrorCode, ErrorKind] = {
     ErrorCode.PROVIDER_TIMEOUT: ErrorKind(504, "api_error", "api_error"),
     ErrorCode.PROVIDER_RATE_LIMITED: ErrorKind(429, "rate_limit_error", "rate_limit_error"),
     ErrorCode.UNSUPPORTED_OPERATION: _INVALID,
+    ErrorCode.POLICY_VIOLATION: ErrorKind(403, "permission_error", "permission_error"),
+    ErrorCode.GUARDRAIL_BLOCKED: _INVALID,
     ErrorCode.VALIDATION_ERROR: ErrorKind(422, "invalid_request_error", "invalid_request_error"),
     ErrorCode.UNAUTHORIZED: ErrorKind(401, "authentication_error", "authentication_error"),
     ErrorCode.FORBIDDEN: ErrorKind(403, "permission_error", "permission_error"),

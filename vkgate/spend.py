@@ -112,6 +112,11 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     """Their size (`1024x1024`), as the provider said or else as asked."""
     image_quality: str | None = None
     """Their quality (`hd`, `high`, …), as the provider said or else as asked."""
+    policy_rule: str | None = None
+    """The routing policy rule that refused the request (`policy_violation`)."""
+    guardrails: dict[str, str] = {}
+    """Each guardrail that applied, by name, and its outcome: `passed`, `blocked`,
+    `redacted`, `warned` or `skipped`."""
 
 
 class SpendSegment(msgspec.Struct, kw_only=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from typing import Any
 
 import msgspec
 
@@ -34,6 +35,9 @@ class EventKind(StrEnum):
     MODEL_PROVIDER_UPDATED = "MODEL_PROVIDER_UPDATED"
     ROUTING_POLICY_UPDATED = "ROUTING_POLICY_UPDATED"
     ROUTING_POLICY_DELETED = "ROUTING_POLICY_DELETED"
+    GUARDRAIL_CREATED = "GUARDRAIL_CREATED"
+    GUARDRAIL_UPDATED = "GUARDRAIL_UPDATED"
+    GUARDRAIL_DELETED = "GUARDRAIL_DELETED"
 
 
 class ResolveKeyRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,6 +157,44 @@ class BudgetState(msgspec.Struct):
     is the last figure the control plane read of it, as of `spent_as_of`."""
 
 
+class OutputCap(msgspec.Struct):
+    """A `max_output_tokens` rule's values: the most output a request may ask, and what is done
+    with one asking more or naming none (`cap`: lowered or set to `limit`; `refuse`: 403)."""
+
+    limit: int
+    action: str = "refuse"
+
+
+class PolicyRule(msgspec.Struct):
+    """A rule of a routing policy on what its keys' requests may contain."""
+
+    name: str
+    kind: str
+    """`deny_models`, `allow_tools`, `deny_tools`, `allow_url_domains`, `deny_url_domains`,
+    `deny_params` or `max_output_tokens`."""
+    values: list[str] | OutputCap
+
+
+class GuardrailSpec(msgspec.Struct):
+    """A guardrail that applies to the key, its secrets opened for the proxy."""
+
+    id: str
+    name: str
+    stage: str
+    """`request`, `response` or `both`."""
+    kind: str
+    """`regex`, `pii`, `secrets`, `webhook` or `moderation`."""
+    config: dict[str, Any]
+    action: str
+    """`block`, `redact` or `warn`."""
+    on_error: str = "allow"
+    timeout_ms: int = 1000
+    secret: str | None = None
+    """A webhook's signing secret, decrypted."""
+    target: ChainTarget | None = None
+    """A moderation guardrail's provider credential."""
+
+
 class ConfigBundle(msgspec.Struct):
     vk_id: str
     organization_id: str
@@ -168,6 +210,10 @@ class ConfigBundle(msgspec.Struct):
     metadata: dict[str, str] = {}
     team_limits: Limits = msgspec.field(default_factory=Limits)
     """The rate limits of the key's team, shared by every key of the team's projects."""
+    rules: list[PolicyRule] = []
+    """The rules of the key's routing policy, in order."""
+    guardrails: list[GuardrailSpec] = []
+    """The enabled guardrails whose scope holds the key (organization, team, project, key)."""
 
 
 SPEND_MOVED = "budget_spend"

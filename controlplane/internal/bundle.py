@@ -11,7 +11,15 @@ from sqlalchemy import and_, or_, select
 
 from controlplane.errors import ApiError
 from controlplane.keys.service import KeyStatus
-from controlplane.models import Budget, Project, Provider, RoutingTarget, Team, VirtualKey
+from controlplane.models import (
+    Budget,
+    Project,
+    Provider,
+    RoutingPolicy,
+    RoutingTarget,
+    Team,
+    VirtualKey,
+)
 from controlplane.providers.cloud import open_credentials
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
@@ -21,7 +29,15 @@ from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd
 from vkgate.windows import window_bounds
-from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price, UnitPrice
+from vkgate.wire import (
+    BudgetState,
+    ChainTarget,
+    ConfigBundle,
+    Limits,
+    PolicyRule,
+    Price,
+    UnitPrice,
+)
 
 REFUSED = {
     KeyStatus.REVOKED: (ErrorCode.VIRTUAL_KEY_REVOKED, "virtual key is revoked"),
@@ -53,6 +69,11 @@ async def build(
     refuse_if_unusable(key, now)
     project = await tx.get(Project, key.project_id, "project")
     team = await tx.session.get(Team, project.team_id) if project.team_id else None
+    policy = (
+        await tx.session.get(RoutingPolicy, key.routing_policy_id)
+        if key.routing_policy_id
+        else None
+    )
     return ConfigBundle(
         vk_id=key.id,
         organization_id=key.organization_id,
@@ -67,6 +88,7 @@ async def build(
         expires_at=rfc3339(key.expires_at) if key.expires_at else None,
         metadata=dict(key.metadata_),
         team_limits=msgspec.convert(team.limits, Limits) if team is not None else Limits(),
+        rules=msgspec.convert(policy.rules, list[PolicyRule]) if policy and policy.rules else [],
     )
 
 

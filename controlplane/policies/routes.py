@@ -22,6 +22,7 @@ async def policy_read(tx: Tx, row: RoutingPolicy) -> PolicyRead:
         organization_id=row.organization_id,
         name=row.name,
         aliases=await service.aliases_of(tx, row.id),
+        rules=service.rules_of(row),
         created_at=rfc3339(row.created_at),
         updated_at=rfc3339(row.updated_at),
     )

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, select, update
 
 from controlplane.errors import conflict, invalid, not_found
 from controlplane.models import Organization, Provider, RoutingPolicy, RoutingTarget, VirtualKey
-from controlplane.policies.schemas import PolicyCreate, PolicyUpdate, Target
+from controlplane.policies.schemas import OutputCap, PolicyCreate, PolicyUpdate, Rule, Target
 from controlplane.schemas import nothing_given
 from controlplane.security import new_id
 from controlplane.state import Tx
@@ -73,6 +73,34 @@ async def _check_name_free(
         )
 
 
+def checked_rules(rules: list[Rule]) -> list[dict[str, object]]:
+    """The rules as stored, after checking what the schema alone cannot: names unique, and
+    `values` of the shape the kind takes."""
+    seen: set[str] = set()
+    for i, rule in enumerate(rules):
+        if rule.name in seen:
+            raise invalid(f"two rules are named {rule.name!r}", param=f"rules[{i}].name")
+        seen.add(rule.name)
+        capped = rule.kind == "max_output_tokens"
+        if capped != isinstance(rule.values, OutputCap):
+            shape = (
+                'an object {"limit": <tokens>, "action": "cap" | "refuse"}'
+                if capped
+                else "a list of strings"
+            )
+            raise invalid(
+                f"rule {rule.name!r} of kind {rule.kind} takes {shape} as values",
+                param=f"rules[{i}].values",
+            )
+        if not capped and not rule.values:
+            raise invalid(f"rule {rule.name!r} has no values", param=f"rules[{i}].values")
+    return [msgspec.to_builtins(rule) for rule in rules]
+
+
+def rules_of(policy: RoutingPolicy) -> list[Rule]:
+    return msgspec.convert(policy.rules or [], list[Rule])
+
+
 async def create(tx: Tx, data: PolicyCreate) -> RoutingPolicy:
     await tx.get(Organization, data.organization_id, "organization", param="organization_id")
     await _check_name_free(tx, data.organization_id, data.name)
@@ -81,6 +109,7 @@ async def create(tx: Tx, data: PolicyCreate) -> RoutingPolicy:
         id=new_id("rp"),
         organization_id=data.organization_id,
         name=data.name,
+        rules=checked_rules(data.rules),
         created_at=now,
         updated_at=now,
     )
@@ -102,6 +131,8 @@ async def update_policy(tx: Tx, policy_id: str, data: PolicyUpdate) -> RoutingPo
         await _check_aliases_kept(tx, policy.id, set(data.aliases))
         await tx.session.execute(delete(RoutingTarget).where(RoutingTarget.policy_id == policy.id))
         await _write_targets(tx, policy, data.aliases)
+    if data.rules is not msgspec.UNSET:
+        policy.rules = checked_rules(data.rules)
     policy.updated_at = tx.clock.now()
     await _record(tx, policy, EventKind.ROUTING_POLICY_UPDATED, "routing_policy.update")
     return policy

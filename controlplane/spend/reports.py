@@ -16,6 +16,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+import msgspec
+
 from controlplane.errors import invalid
 from controlplane.ledger import queries
 from controlplane.ledger.queries import GROUPS, MEASURES
@@ -190,6 +192,9 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict):
+        # A guardrail's name is the admin's text: the cell is JSON, quoted whole.
+        return msgspec.json.encode(value).decode() if value else ""
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         # Client-chosen text (an end-user id) must not run as a spreadsheet formula.
         return "'" + value

@@ -35,6 +35,7 @@ class Ticket:
         "_route",
         "_spool",
         "_started",
+        "policy_rule",
         "record",
         "request",
         "request_id",
@@ -52,6 +53,8 @@ class Ticket:
         self.request: Prepared | None = None
         """The request, once read and resolved."""
         self.settled = False
+        self.policy_rule: str | None = None
+        """The policy rule that refused the request."""
         self.record: SpendRecord | None = None
         """The outcome record once made: its tokens settle budgets, its seq (0 when the spool
         could not take it) says when the ledger has it."""
@@ -97,6 +100,7 @@ class Ticket:
             cancelled=outcome.cancelled,
             attempts=outcome.calls,
             latency_ms=_micros(now - self._started),
+            policy_rule=self.policy_rule,
         )
         if outcome.first_byte_at is not None:
             record.ttfb_ms = _micros(outcome.first_byte_at - self._started)
