@@ -24,6 +24,7 @@ from controlplane.db import Database, create_engine, is_sqlite
 from controlplane.errors import EXCEPTION_HANDLERS, ApiError
 from controlplane.feed.listener import PostgresFeedListener
 from controlplane.feed.service import FeedNotifier
+from controlplane.guardrails.routes import GuardrailController
 from controlplane.internal.peers import ProxyVersions
 from controlplane.internal.routes import internal_router
 from controlplane.keys.routes import VirtualKeyController
@@ -55,6 +56,7 @@ ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     RoutingPolicyController,
     VirtualKeyController,
     BudgetController,
+    GuardrailController,
     AdminTokenController,
     SpendController,
     audit_log,

@@ -10,9 +10,11 @@ import msgspec
 from sqlalchemy import and_, or_, select
 
 from controlplane.errors import ApiError
+from controlplane.guardrails.service import open_secret
 from controlplane.keys.service import KeyStatus
 from controlplane.models import (
     Budget,
+    Guardrail,
     Project,
     Provider,
     RoutingPolicy,
@@ -33,6 +35,7 @@ from vkgate.wire import (
     BudgetState,
     ChainTarget,
     ConfigBundle,
+    GuardrailSpec,
     Limits,
     PolicyRule,
     Price,
@@ -89,7 +92,62 @@ async def build(
         metadata=dict(key.metadata_),
         team_limits=msgspec.convert(team.limits, Limits) if team is not None else Limits(),
         rules=msgspec.convert(policy.rules, list[PolicyRule]) if policy and policy.rules else [],
+        guardrails=await _guardrails(tx, cipher, key, project),
     )
+
+
+async def _guardrails(
+    tx: Tx, cipher: Cipher, key: VirtualKey, project: Project
+) -> list[GuardrailSpec]:
+    """The enabled guardrails whose scope holds the key, organization-wide ones first."""
+    scopes = [
+        Guardrail.scope_kind == "organization",
+        and_(Guardrail.scope_kind == "project", Guardrail.scope_id == project.id),
+        and_(Guardrail.scope_kind == "virtual_key", Guardrail.scope_id == key.id),
+    ]
+    if project.team_id is not None:
+        scopes.append(and_(Guardrail.scope_kind == "team", Guardrail.scope_id == project.team_id))
+    rows = await tx.session.scalars(
+        select(Guardrail)
+        .where(
+            Guardrail.organization_id == key.organization_id,
+            Guardrail.enabled.is_(True),
+            or_(*scopes),
+        )
+        .order_by(Guardrail.created_at, Guardrail.id)
+    )
+    specs = []
+    for row in rows:
+        target = None
+        provider_id = row.config.get("provider_id") if row.kind == "moderation" else None
+        if provider_id is not None:
+            provider = await tx.session.get(Provider, provider_id)
+            if provider is not None:
+                target = ChainTarget(
+                    provider_id=provider.id,
+                    provider_name=provider.name,
+                    kind=provider.kind,
+                    base_url=provider.base_url,
+                    model=str(row.config.get("model", "")),
+                    api_key=open_api_key(cipher, provider),
+                    api_version=provider.api_version,
+                    headers=open_headers(cipher, provider),
+                )
+        specs.append(
+            GuardrailSpec(
+                id=row.id,
+                name=row.name,
+                stage=row.stage,
+                kind=row.kind,
+                config=row.config,
+                action=row.action,
+                on_error=row.on_error,
+                timeout_ms=row.timeout_ms,
+                secret=open_secret(cipher, row),
+                target=target,
+            )
+        )
+    return specs
 
 
 async def _chains(

@@ -9,6 +9,7 @@ from vkgate.cli._client import default_token, default_url
 from vkgate.cli._context import CliContext
 from vkgate.cli.budgets import audit, budgets, tokens
 from vkgate.cli.doctor import doctor
+from vkgate.cli.guardrails import guardrails
 from vkgate.cli.keys import keys
 from vkgate.cli.orgs import orgs, projects, teams
 from vkgate.cli.providers import policies, providers
@@ -33,5 +34,5 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 for command in (up, controlplane, proxy, migrate, orgs, teams, projects, providers, policies, keys):
     main.add_command(command)
-for command in (budgets, tokens, audit, spend, doctor, secrets):
+for command in (budgets, guardrails, tokens, audit, spend, doctor, secrets):
     main.add_command(command)
