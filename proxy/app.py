@@ -26,6 +26,7 @@ from proxy.control import ControlPlaneClient
 from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
 from proxy.gateway import Gateway
+from proxy.guardrails import RemoteChecks
 from proxy.limits.counters import LocalCounters
 from proxy.limits.store import Counters
 from proxy.pace import pace_of
@@ -280,11 +281,15 @@ async def _start(
     poller = running.poller = ChangeFeedPoller(
         control, cache, timeout_s=settings.changes_timeout_s, monotonic=clock.monotonic
     )
+    # Webhook and moderation guardrails' calls: a client made once, used only by such keys.
+    remote = RemoteChecks(clock)
+    stack.push_async_callback(remote.aclose)
     gateway = running.gateway = Gateway(
         settings,
         cache,
         spool,
         clock=clock,
+        remote_checks=remote,
         counters=counters,
         spend_source=control,
         metrics=running.metrics,

@@ -22,6 +22,7 @@ from proxy.asgi import JSON, Receive, Send, Watch, respond
 from proxy.breaker import Breakers, CircuitBreaker
 from proxy.errors import Cause, ProxyError
 from proxy.formats import Exchange, StreamPipe, stream_error
+from proxy.guardrails import AnswerScreen, GuardrailBlocked, StreamScreen, response_warnings
 from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import Reply
 from proxy.spend.estimate import estimate_tokens
@@ -59,6 +60,8 @@ class Outcome:
     cancelled: bool = False
     broke: bool = False
     """A stream that broke off after it started."""
+    blocked: bool = False
+    """A response guardrail ended the stream."""
     estimated_output_tokens: int = 0
     """For a provider that reports no usage: chunks streamed (most send one token per
     chunk), or a tokenizer's count of a plain answer."""
@@ -454,10 +457,12 @@ class Dispatcher:
         watch: Watch | None = None,
         *,
         alias: str = "",
+        screen: AnswerScreen | None = None,
     ) -> None:
         """Answer the client from the first credential of `chain` that answers; `extra`
         headers go on the answer (rate-limit state, budget warnings). A stream learns that its
-        client left from `watch` (the server's `ON_DISCONNECT`), or else from `receive`."""
+        client left from `watch` (the server's `ON_DISCONNECT`), or else from `receive`.
+        `screen` holds the response guardrails the answer passes through before the client."""
         walk = _Walk(exchange, headers, self._breakers, recheck, outcome, trace, alias)
         outcome.sent_at = self._now()
         committed = await walk.first_answer(chain)
@@ -467,7 +472,16 @@ class Dispatcher:
         fallbacks = len(outcome.causes)
         if committed.rest is not None:
             await self._stream(
-                exchange, committed, fallbacks, receive, watch, send, request_id, outcome, extra
+                exchange,
+                committed,
+                fallbacks,
+                receive,
+                watch,
+                send,
+                request_id,
+                outcome,
+                extra,
+                screen,
             )
             return
         data = committed.data
@@ -477,9 +491,14 @@ class Dispatcher:
         if outcome.usage is None and reply.status < 300 and exchange.estimates_output:
             outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
         body = exchange.render(upstream, reply.status, data)
+        if screen is not None and reply.status < 300:
+            # A block raises: the provider was paid, so the outcome keeps its usage.
+            body = await screen.plain(body)
         content_type = reply.content_type if upstream.wire is exchange.client else JSON
         headers_out = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
         headers_out.extend(extra)
+        if screen is not None:
+            headers_out.extend(response_warnings(screen.verdicts))
         outcome.first_byte_at = self._now()
         outcome.answered()
         await respond(send, reply.status, body, headers_out)
@@ -495,9 +514,11 @@ class Dispatcher:
         request_id: bytes,
         outcome: Outcome,
         extra: Sequence[tuple[bytes, bytes]],
+        screen: AnswerScreen | None,
     ) -> None:
         upstream, reply = committed.upstream, committed.reply
         pipe = exchange.pipe(upstream)
+        guard = screen.stream() if screen is not None else None
         # Passed through, a stream keeps the provider's type (audio is no event stream); a
         # translated one, or one whose provider named no type (or JSON), is events.
         content_type = reply.content_type
@@ -516,7 +537,7 @@ class Dispatcher:
             watcher = asyncio.ensure_future(_left(receive, outcome, reply))
             watcher.add_done_callback(_retrieved)
         try:
-            await self._pump(exchange, committed, pipe, send, headers, outcome)
+            await self._pump(exchange, committed, pipe, send, headers, outcome, guard)
         except Exception as exc:
             # Once the answer started nothing else can be sent; usually the client went away.
             if not outcome.cancelled:
@@ -538,6 +559,7 @@ class Dispatcher:
         send: Send,
         headers: list[tuple[bytes, bytes]],
         outcome: Outcome,
+        guard: StreamScreen | None = None,
     ) -> None:
         upstream, reply = committed.upstream, committed.reply
         rest = committed.rest
@@ -552,16 +574,27 @@ class Dispatcher:
             while chunk is not None:
                 # One event is about one token for a provider that reports no usage.
                 outcome.estimated_output_tokens += chunk.count(b"\n\n") or 1
-                pending += pipe.feed(chunk)
+                out = pipe.feed(chunk)
+                if guard is not None:
+                    # Held back through the guardrails' window, redacted where it must be.
+                    out = await guard.feed(out)
+                pending += out
                 if pending and not reply.drained:
                     await send({"type": "http.response.body", "body": pending, "more_body": True})
                     pending = b""
                 chunk = await anext(rest, None)
             tail = pending + pipe.finish()
+            if guard is not None:
+                tail = pending + await guard.feed(tail[len(pending) :]) + await guard.finish()
             if pipe.errored:
                 # The provider said so in its stream (an error event, or an early end).
                 outcome.broke = True
                 self._count_failure(upstream)
+        except GuardrailBlocked as exc:
+            # What the guardrail refused is held back: the stream ends with the refusal.
+            outcome.blocked = True
+            released = guard.released if guard is not None else b""
+            tail = pending + released + stream_error(exchange.client, exc, pipe)
         except _CALL_FAILURES as exc:
             if outcome.cancelled:
                 raise  # the client left, and its watcher closed the answer: no provider fault

@@ -206,3 +206,82 @@ def output_bound(shape: Shape, doc: Any) -> tuple[Any, str, str] | None:
             config = doc["generationConfig"] = {}
         return config, "maxOutputTokens", "generationConfig.maxOutputTokens"
     return None
+
+
+def answer_texts(shape: Shape, doc: Any) -> Iterator[Slot]:
+    """The text a model answered, in a plain answer of the route's format."""
+    if not isinstance(doc, dict):
+        return
+    if shape is Shape.CHAT:
+        for choice in _dicts(doc.get("choices")):
+            message = choice.get("message")
+            if isinstance(message, dict):
+                yield from _string(message, "content")
+    elif shape is Shape.MESSAGES:
+        for block in _dicts(doc.get("content")):
+            if block.get("type") == "text":
+                yield from _string(block, "text")
+    elif shape is Shape.RESPONSES:
+        yield from _responses_output(doc)
+    elif shape is Shape.GEMINI:
+        for candidate in _dicts(doc.get("candidates")):
+            yield from _gemini_parts(candidate.get("content"))
+
+
+def _responses_output(response: dict[str, Any]) -> Iterator[Slot]:
+    for item in _dicts(response.get("output")):
+        if item.get("type") == "message":
+            for part in _dicts(item.get("content")):
+                if part.get("type") == "output_text":
+                    yield from _string(part, "text")
+
+
+ANSWERED = frozenset({Shape.CHAT, Shape.MESSAGES, Shape.RESPONSES, Shape.GEMINI})
+"""Routes whose answers hold text a guardrail reads."""
+
+
+def delta_texts(shape: Shape, doc: Any) -> Iterator[Slot]:
+    """The new text one stream event carries, in the route's format."""
+    if not isinstance(doc, dict):
+        return
+    if shape is Shape.CHAT:
+        for choice in _dicts(doc.get("choices")):
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                yield from _string(delta, "content")
+    elif shape is Shape.MESSAGES:
+        delta = doc.get("delta")
+        if (
+            doc.get("type") == "content_block_delta"
+            and isinstance(delta, dict)
+            and delta.get("type") == "text_delta"
+        ):
+            yield from _string(delta, "text")
+    elif shape is Shape.RESPONSES:
+        if doc.get("type") == "response.output_text.delta":
+            yield from _string(doc, "delta")
+    elif shape is Shape.GEMINI:
+        for candidate in _dicts(doc.get("candidates")):
+            yield from _gemini_parts(candidate.get("content"))
+
+
+def whole_texts(shape: Shape, doc: Any) -> Iterator[Slot]:
+    """Text a stream event repeats whole after its deltas (the Responses API's `done` and
+    `completed` events): screened as a plain answer's text is."""
+    if shape is not Shape.RESPONSES or not isinstance(doc, dict):
+        return
+    kind = doc.get("type")
+    if kind == "response.output_text.done":
+        yield from _string(doc, "text")
+    elif kind == "response.content_part.done":
+        part = doc.get("part")
+        if isinstance(part, dict) and part.get("type") == "output_text":
+            yield from _string(part, "text")
+    elif kind == "response.output_item.done":
+        item = doc.get("item")
+        if isinstance(item, dict):
+            yield from _responses_output({"output": [item]})
+    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+        response = doc.get("response")
+        if isinstance(response, dict):
+            yield from _responses_output(response)

@@ -39,6 +39,7 @@ from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.gemini_api import METHODS as GEMINI_METHODS
 from proxy.gemini_api import GeminiApi
+from proxy.guardrails import AnswerScreen, RemoteChecks, screen_request, warnings
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
@@ -133,6 +134,13 @@ def _provider_headers(head: Head) -> dict[str, str]:
     return headers
 
 
+def _answer_code(outcome: Outcome) -> ErrorCode | None:
+    """The error code of an answer that started: a guardrail's block, or a broken stream."""
+    if outcome.blocked:
+        return ErrorCode.GUARDRAIL_BLOCKED
+    return ErrorCode.PROVIDER_ERROR if outcome.broke else None
+
+
 Prepare = Callable[[KeyRuntime, Head, bytes], Prepared]
 
 
@@ -166,12 +174,14 @@ class Gateway:
         metrics: ProxyMetrics | None = None,
         tracing: Tracing | None = None,
         pace: Pace | None = None,
+        remote_checks: RemoteChecks | None = None,
     ) -> None:
         """`pace` is its event loop's (`pace_of`): the gateway counts its requests in flight
         there, where the loop's server and provider client read them; a `Pace` of its own
         without one."""
         clock = clock or SystemClock()
         self._tracing = tracing
+        self._remote = remote_checks
         self._keys = KeyGuard(
             InvalidKeyThrottle(settings.invalid_keys_per_minute, clock),
             settings.trusted_proxy_cidrs,
@@ -467,6 +477,19 @@ class Gateway:
                 chain, extra = hold.chain, hold.headers
             if refused is not None:
                 raise refused
+            screen: AnswerScreen | None = None
+            if runtime.guardrails is not None:
+                verdicts = ticket.guardrails = {}
+                screened = await screen_request(
+                    runtime.guardrails, self._remote, verdicts, route.shape, body, prepared.model
+                )
+                if screened is not None:
+                    body = screened
+                    prepared = ticket.request = route.prepare(runtime, head, body)
+                extra = (*extra, *warnings(verdicts))
+                screen = AnswerScreen.of(
+                    runtime.guardrails, self._remote, verdicts, route.shape, prepared.model
+                )
             await self._dispatcher.forward(
                 chain,
                 prepared.exchange,
@@ -480,9 +503,10 @@ class Gateway:
                 trace,
                 disconnect_watch(scope),
                 alias=prepared.model,
+                screen=screen,
             )
             status = outcome.status
-            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+            code = _answer_code(outcome)
         except ProxyError as exc:
             status, code, error = exc.status, exc.code, exc
             if isinstance(exc, PolicyViolation) and ticket is not None:
@@ -516,6 +540,8 @@ class Gateway:
                     await self._finish(hold, ticket, outcome)
             finally:
                 # Observed even when cancelled again while the limits settle.
+                if ticket is not None and ticket.guardrails:
+                    self._observer.guardrails(ticket.guardrails)
                 self._observer.completed(
                     route.path,
                     status,
@@ -536,7 +562,7 @@ class Gateway:
         """The outcome record, written once the answer is known and before its last byte."""
 
         def answered() -> None:
-            code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+            code = _answer_code(outcome)
             ticket.settle(outcome, outcome.status, code, self._now())
 
         return answered

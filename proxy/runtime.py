@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import msgspec
 from cachetools import LRUCache
 
+from proxy.guardrails import KeyGuardrails, guardrails_of
 from proxy.limits.budgets import BudgetRule
 from proxy.limits.budgets import rules_of as budget_rules_of
 from proxy.limits.cost import rates_of
@@ -54,6 +55,8 @@ class KeyRuntime:
     """Every budget the key's requests may fall under."""
     rules: RuleSet | None = None
     """The rules of the key's routing policy that read requests; None when it has none."""
+    guardrails: KeyGuardrails | None = None
+    """The guardrails whose scope holds the key; None when none does."""
     denied: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Aliases a `deny_models` rule refuses (all of their chain, or the alias itself), each
     with the rule's name: 403 `policy_violation`."""
@@ -152,6 +155,7 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
         budget_rules=budget_rules_of(bundle.budgets),
         rules=rules if rules is not None and rules.reads_requests else None,
+        guardrails=guardrails_of(bundle.guardrails) if bundle.guardrails else None,
         denied=denied,
     )
 

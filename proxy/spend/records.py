@@ -35,6 +35,7 @@ class Ticket:
         "_route",
         "_spool",
         "_started",
+        "guardrails",
         "policy_rule",
         "record",
         "request",
@@ -55,6 +56,8 @@ class Ticket:
         self.settled = False
         self.policy_rule: str | None = None
         """The policy rule that refused the request."""
+        self.guardrails: dict[str, str] | None = None
+        """Each guardrail's outcome (`<stage>:<name>`), once one applied."""
         self.record: SpendRecord | None = None
         """The outcome record once made: its tokens settle budgets, its seq (0 when the spool
         could not take it) says when the ledger has it."""
@@ -102,6 +105,8 @@ class Ticket:
             latency_ms=_micros(now - self._started),
             policy_rule=self.policy_rule,
         )
+        if self.guardrails:
+            record.guardrails = dict(self.guardrails)
         if outcome.first_byte_at is not None:
             record.ttfb_ms = _micros(outcome.first_byte_at - self._started)
         runtime, request = self.runtime, self.request

@@ -179,6 +179,18 @@ class ProxyMetrics(Collector):
             "Requests refused 402 budget_exceeded, by the refusing budget's scope",
             ("scope",),
         )
+        self.policy_refusals = Tally(
+            "vkgate_policy_refusals",
+            "Requests refused 403 policy_violation, by the refusing rule's name",
+            ("rule",),
+        )
+        self.guardrails = Tally(
+            "vkgate_guardrail_outcomes",
+            "Guardrail checks by guardrail name, stage and outcome: passed, blocked, redacted, "
+            "warned, or skipped (did not run: timed out under on_error allow, or nothing on "
+            "the route to read)",
+            ("guardrail", "stage", "outcome"),
+        )
         self.sources = Sources()
         self.provider_names: dict[str, str] = {}
         """Provider id -> name, learnt from requests, for the breaker gauge's labels."""
@@ -197,6 +209,8 @@ class ProxyMetrics(Collector):
             self.fallbacks,
             self.limit_refusals,
             self.budget_refusals,
+            self.policy_refusals,
+            self.guardrails,
         ):
             yield tally.family()
         for timings in (self.duration, self.first_byte, self.upstream):

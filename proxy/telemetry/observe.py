@@ -155,6 +155,15 @@ class RequestObserver:
             self._metrics.limit_refusals.add((error.reason,))
         elif error.code is ErrorCode.BUDGET_EXCEEDED and error.details:
             self._metrics.budget_refusals.add((error.details.get("budget_scope", ""),))
+        elif error.code is ErrorCode.POLICY_VIOLATION and error.details:
+            self._metrics.policy_refusals.add((error.details.get("rule", ""),))
+
+    def guardrails(self, verdicts: dict[str, str]) -> None:
+        """Each guardrail outcome of a request, by name, stage and outcome."""
+        tally = self._metrics.guardrails
+        for key, outcome in verdicts.items():
+            stage, _, name = key.partition(":")
+            tally.add((name, stage, outcome))
 
 
 def _centis(seconds: float) -> float:

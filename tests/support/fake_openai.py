@@ -152,6 +152,10 @@ class FakeOpenAI(FakeProvider):
     """Deployments the Azure routes know (others are 404 `DeploymentNotFound`); None: any."""
     responses: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Stored responses by id, each `{"response": …, "input": […]}`, as OpenAI keeps them."""
+    reply_pieces: tuple[str, ...] | None = None
+    """When set, chat completions answer this text (streamed: one content event a piece)."""
+    flagged_word: str = "KILL"
+    """`/v1/moderations` flags an input holding this word (violence 0.9), else scores 0.01."""
 
     @property
     def azure_endpoint(self) -> str:
@@ -278,7 +282,8 @@ def _app(fake: FakeOpenAI) -> web.Application:
             }
             finish = "tool_calls"
         else:
-            message = {"role": "assistant", "content": REPLY, "refusal": None}
+            content = "".join(fake.reply_pieces) if fake.reply_pieces is not None else REPLY
+            message = {"role": "assistant", "content": content, "refusal": None}
             finish = "stop"
         if not payload.get("stream"):
             return web.json_response(
@@ -300,7 +305,8 @@ def _app(fake: FakeOpenAI) -> web.Application:
             call = message["tool_calls"][0]
             events.append(_chunk(model, {"tool_calls": [{"index": 0, **call}]}, None, usage))
         else:
-            events += [_chunk(model, {"content": w}, None, usage) for w in ("Hi", " there", "!")]
+            pieces = fake.reply_pieces or ("Hi", " there", "!")
+            events += [_chunk(model, {"content": w}, None, usage) for w in pieces]
             events += [_chunk(model, {"content": "."}, None, usage)] * fake.stream_events
         events.append(_chunk(model, {}, finish, usage))
         if usage:
@@ -333,6 +339,22 @@ def _app(fake: FakeOpenAI) -> web.Application:
                 "model": payload["model"],
                 "usage": {"prompt_tokens": 4 * len(inputs), "total_tokens": 4 * len(inputs)},
             }
+        )
+
+    async def moderations(request: web.Request, payload: dict[str, Any]) -> web.StreamResponse:
+        inputs = payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
+        results = []
+        for text in inputs:
+            score = 0.9 if fake.flagged_word in text else 0.01
+            results.append(
+                {
+                    "flagged": score > 0.5,
+                    "categories": {"violence": score > 0.5, "harassment": False},
+                    "category_scores": {"violence": score, "harassment": 0.01},
+                }
+            )
+        return web.json_response(
+            {"id": "modr-fake", "model": payload.get("model", ""), "results": results}
         )
 
     async def models(request: web.Request) -> web.StreamResponse:
@@ -412,6 +434,7 @@ def _app(fake: FakeOpenAI) -> web.Application:
         app.router.add_post(base + "/{id}/{suffix:cancel}", stored_response)
     app.router.add_post("/v1/chat/completions", openai_route(chat))
     app.router.add_post("/v1/embeddings", openai_route(embeddings))
+    app.router.add_post("/v1/moderations", openai_route(moderations))
     app.router.add_get("/v1/models", models)
     deployment = "/openai/deployments/{deployment}"
     app.router.add_post(deployment + "/chat/completions", azure_route(chat))

@@ -1,0 +1,139 @@
+"""Guardrails in the pipeline: the request's text checked before any provider sees it, the
+answer's before the client does (a stream's through a bounded window).
+
+A key without guardrails has no `KeyGuardrails` (None on its runtime): its requests pay
+nothing. Logs, metrics and spend records name guardrails, never the text they matched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from proxy.documents import ANSWERED, Shape, answer_texts, texts
+from proxy.guardrails._guards import (
+    REQUEST,
+    RESPONSE,
+    GuardrailBlocked,
+    KeyGuardrails,
+    Verdicts,
+    guardrails_of,
+    screen_texts,
+    skipped,
+    warnings,
+)
+from proxy.guardrails._remote import RemoteChecks
+from proxy.guardrails._stream import StreamScreen
+
+__all__ = [
+    "AnswerScreen",
+    "GuardrailBlocked",
+    "KeyGuardrails",
+    "RemoteChecks",
+    "StreamScreen",
+    "Verdicts",
+    "guardrails_of",
+    "response_warnings",
+    "screen_request",
+    "warnings",
+]
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _document(body: bytes) -> Any:
+    try:
+        return _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+async def screen_request(
+    guardrails: KeyGuardrails,
+    remote: RemoteChecks | None,
+    verdicts: Verdicts,
+    shape: Shape,
+    body: bytes,
+    model: str,
+) -> bytes | None:
+    """The request guardrails over the request's text: None to send it as it is, or the body
+    with its redactions (a block raises `GuardrailBlocked`)."""
+    guards = guardrails.request
+    if not guards:
+        return None
+    doc = None if shape is Shape.UPLOAD else _document(body)
+    if doc is None:
+        # An upload's form (audio, images to edit) holds no text these read.
+        skipped(guards, verdicts, REQUEST)
+        return None
+    slots = list(texts(shape, doc))
+    values = [container[key] for container, key in slots]
+    if not await screen_texts(guards, remote, verdicts, REQUEST, model, values):
+        return None
+    for (container, key), value in zip(slots, values, strict=True):
+        container[key] = value
+    return _encode(doc)
+
+
+class AnswerScreen:
+    """The response guardrails of one request, for its answer: plain or streamed."""
+
+    __slots__ = ("_guards", "_model", "_remote", "_shape", "verdicts")
+
+    def __init__(
+        self,
+        guardrails: KeyGuardrails,
+        remote: RemoteChecks | None,
+        verdicts: Verdicts,
+        shape: Shape,
+        model: str,
+    ) -> None:
+        self._guards = guardrails.response
+        self._remote = remote
+        self.verdicts = verdicts
+        self._shape = shape
+        self._model = model
+
+    @classmethod
+    def of(
+        cls,
+        guardrails: KeyGuardrails | None,
+        remote: RemoteChecks | None,
+        verdicts: Verdicts,
+        shape: Shape,
+        model: str,
+    ) -> AnswerScreen | None:
+        """The screen for a request, or None when no response guardrail applies; one that
+        cannot read the route's answers (embeddings, audio, images) is skipped."""
+        if guardrails is None or not guardrails.response:
+            return None
+        if shape not in ANSWERED:
+            skipped(guardrails.response, verdicts, RESPONSE)
+            return None
+        return cls(guardrails, remote, verdicts, shape, model)
+
+    async def plain(self, body: bytes) -> bytes:
+        """A plain answer in the client's format, redacted where it must be (a block raises)."""
+        doc = _document(body)
+        if doc is None:
+            skipped(self._guards, self.verdicts, RESPONSE)
+            return body
+        slots = list(answer_texts(self._shape, doc))
+        values = [container[key] for container, key in slots]
+        if not await screen_texts(
+            self._guards, self._remote, self.verdicts, RESPONSE, self._model, values
+        ):
+            return body
+        for (container, key), value in zip(slots, values, strict=True):
+            container[key] = value
+        return _encode(doc)
+
+    def stream(self) -> StreamScreen:
+        return StreamScreen(self._guards, self._remote, self.verdicts, self._shape, self._model)
+
+
+def response_warnings(verdicts: Verdicts) -> tuple[tuple[bytes, bytes], ...]:
+    """The warning header for the response stage's guardrails alone (the request stage's went
+    on the answer's headers already)."""
+    return warnings({k: v for k, v in verdicts.items() if k.startswith(RESPONSE + ":")})

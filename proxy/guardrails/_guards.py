@@ -1,0 +1,281 @@
+"""A key's guardrails compiled from its bundle, and how one text list is screened by them.
+
+Each guardrail that applies leaves an outcome (`passed`, `blocked`, `redacted`, `warned`,
+`skipped`) under `<stage>:<name>` in the request's `Verdicts`; the spend record and the metrics
+read them from there. A check that did not run (timed out under `on_error: allow`, or not
+applicable to the route) is `skipped`, never `passed`. Nothing here logs or keeps the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proxy.errors import ProxyError
+from proxy.guardrails._detect import (
+    Detector,
+    DetectorTimeout,
+    Finding,
+    PiiDetector,
+    RegexDetector,
+    SecretsDetector,
+    redacted,
+)
+from proxy.guardrails._remote import RemoteChecks, RemoteFailed, Verdict
+from vkgate.errors import ErrorCode
+from vkgate.guardrails import (
+    ConfigError,
+    ModerationConfig,
+    PiiConfig,
+    RegexConfig,
+    SecretsConfig,
+    WebhookConfig,
+    parse_config,
+)
+from vkgate.logs import event
+from vkgate.wire import ChainTarget, GuardrailSpec
+
+log = logging.getLogger("vkgate.proxy")
+REQUEST = "request"
+RESPONSE = "response"
+PASSED, BLOCKED, REDACTED, WARNED, SKIPPED = "passed", "blocked", "redacted", "warned", "skipped"
+_SEVERITY = {SKIPPED: 0, PASSED: 1, WARNED: 2, REDACTED: 3, BLOCKED: 4}
+REGEX_BOUND_S = 0.05
+"""The most one admin pattern may take over one text, whatever the guardrail's timeout: the
+event loop serves every other request meanwhile."""
+
+Verdicts = dict[str, str]
+"""`<stage>:<guardrail name>` → outcome, for one request."""
+
+
+class GuardrailBlocked(ProxyError):
+    """400 `guardrail_blocked`, naming the guardrail and the stage, never what matched."""
+
+    def __init__(self, name: str, stage: str, *, failed: bool = False) -> None:
+        what = "could not be checked" if failed else "was refused"
+        super().__init__(
+            ErrorCode.GUARDRAIL_BLOCKED,
+            f"guardrail {name!r} blocked the {stage}: it {what}",
+            details={"guardrail": name, "stage": stage},
+        )
+        self.guardrail = name
+        self.stage = stage
+
+
+def note(verdicts: Verdicts, stage: str, name: str, outcome: str) -> None:
+    """Record an outcome; a later one replaces it only when more severe (a stream is checked
+    window by window)."""
+    key = f"{stage}:{name}"
+    before = verdicts.get(key)
+    if before is None or _SEVERITY[outcome] > _SEVERITY[before]:
+        verdicts[key] = outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """One compiled guardrail."""
+
+    name: str
+    kind: str
+    action: str
+    on_error: str
+    timeout_s: float
+    request: bool
+    response: bool
+    detector: Detector | None = None
+    webhook: WebhookConfig | None = None
+    secret: str | None = None
+    moderation: ModerationConfig | None = None
+    target: ChainTarget | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.detector is None
+
+    def failed(self, verdicts: Verdicts, stage: str, reason: str) -> None:
+        """The check could not run: `on_error` says whether that lets the text through."""
+        event(
+            log,
+            "guardrail_failed",
+            logging.WARNING,
+            guardrail=self.name,
+            stage=stage,
+            reason=reason,
+            on_error=self.on_error,
+        )
+        if self.on_error == "block":
+            note(verdicts, stage, self.name, BLOCKED)
+            raise GuardrailBlocked(self.name, stage, failed=True)
+        note(verdicts, stage, self.name, SKIPPED)
+
+    def found(self, verdicts: Verdicts, stage: str) -> str:
+        """Something was found: the outcome the action gives it (a block raises)."""
+        if self.action == "block":
+            note(verdicts, stage, self.name, BLOCKED)
+            raise GuardrailBlocked(self.name, stage)
+        outcome = REDACTED if self.action == "redact" else WARNED
+        note(verdicts, stage, self.name, outcome)
+        return outcome
+
+
+def _compile(spec: GuardrailSpec) -> Guard | None:
+    try:
+        config = parse_config(spec.kind, spec.config)
+    except (ConfigError, KeyError):
+        # Checked by the control plane; one this proxy cannot read (a newer kind) is left out.
+        log.warning(
+            "guardrail %s (%s) skipped: its config is not one this proxy reads", spec.id, spec.kind
+        )
+        return None
+    timeout_s = spec.timeout_ms / 1000
+    common = {
+        "name": spec.name,
+        "kind": spec.kind,
+        "action": spec.action,
+        "on_error": spec.on_error,
+        "timeout_s": timeout_s,
+        "request": spec.stage in (REQUEST, "both"),
+        "response": spec.stage in (RESPONSE, "both"),
+    }
+    if isinstance(config, PiiConfig):
+        return Guard(**common, detector=PiiDetector(config))  # type: ignore[arg-type]
+    if isinstance(config, SecretsConfig):
+        return Guard(**common, detector=SecretsDetector(config))  # type: ignore[arg-type]
+    if isinstance(config, RegexConfig):
+        bound = min(timeout_s, REGEX_BOUND_S)
+        return Guard(**common, detector=RegexDetector(config, bound))  # type: ignore[arg-type]
+    if isinstance(config, WebhookConfig):
+        return Guard(**common, webhook=config, secret=spec.secret)  # type: ignore[arg-type]
+    return Guard(**common, moderation=config, target=spec.target)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGuardrails:
+    """The guardrails of a key, by stage, in the order the control plane gave them."""
+
+    request: tuple[Guard, ...]
+    response: tuple[Guard, ...]
+
+
+def guardrails_of(specs: Iterable[GuardrailSpec]) -> KeyGuardrails | None:
+    """The compiled guardrails, or None for a key that has none: such keys pay nothing."""
+    guards = [g for g in map(_compile, specs) if g is not None]
+    if not guards:
+        return None
+    return KeyGuardrails(
+        request=tuple(g for g in guards if g.request),
+        response=tuple(g for g in guards if g.response),
+    )
+
+
+def local_findings(
+    guard: Guard, verdicts: Verdicts, stage: str, texts: list[str]
+) -> list[list[Finding]] | None:
+    """What a pattern guardrail found in each text, or None when it could not run (a block
+    raises); an outcome is noted unless something was found (the caller decides)."""
+    assert guard.detector is not None
+    try:
+        found = [guard.detector.find(text) for text in texts]
+    except DetectorTimeout:
+        guard.failed(verdicts, stage, "pattern_timeout")
+        return None
+    return found
+
+
+async def remote_verdict(
+    guard: Guard,
+    remote: RemoteChecks | None,
+    verdicts: Verdicts,
+    stage: str,
+    model: str,
+    texts: list[str],
+) -> Verdict | None:
+    """A webhook's or moderation's verdict in time, or None when it gave none (then `on_error`
+    decided, and a block raised)."""
+    if remote is None:
+        guard.failed(verdicts, stage, "no_client")
+        return None
+    try:
+        async with asyncio.timeout(guard.timeout_s):
+            if guard.webhook is not None:
+                if guard.secret is None:
+                    raise RemoteFailed("no secret")
+                return await remote.webhook(
+                    guard.webhook,
+                    guard.secret,
+                    guardrail=guard.name,
+                    stage=stage,
+                    model=model,
+                    texts=texts,
+                )
+            assert guard.moderation is not None
+            if guard.target is None:
+                raise RemoteFailed("no moderation provider")
+            flagged = await remote.moderation(guard.moderation, guard.target, texts)
+            return Verdict("block" if flagged else "allow")
+    except TimeoutError:
+        guard.failed(verdicts, stage, "timeout")
+    except RemoteFailed as exc:
+        guard.failed(verdicts, stage, str(exc))
+    return None
+
+
+async def screen_texts(
+    guards: tuple[Guard, ...],
+    remote: RemoteChecks | None,
+    verdicts: Verdicts,
+    stage: str,
+    model: str,
+    texts: list[str],
+) -> bool:
+    """Run every guardrail over `texts` in order, redacting them in place; whether any text
+    changed. A block raises `GuardrailBlocked`."""
+    changed = False
+    for guard in guards:
+        if not guard.remote:
+            found = local_findings(guard, verdicts, stage, texts)
+            if found is None:
+                continue
+            if not any(found):
+                note(verdicts, stage, guard.name, PASSED)
+                continue
+            if guard.found(verdicts, stage) == REDACTED:
+                for i, findings in enumerate(found):
+                    if findings:
+                        texts[i] = redacted(texts[i], findings)
+                changed = True
+            continue
+        verdict = await remote_verdict(guard, remote, verdicts, stage, model, texts)
+        if verdict is None:
+            continue
+        if verdict.action == "allow":
+            note(verdicts, stage, guard.name, PASSED)
+        elif verdict.action == "redact" and guard.action == "redact" and verdict.texts is not None:
+            note(verdicts, stage, guard.name, REDACTED)
+            texts[:] = verdict.texts
+            changed = True
+        elif guard.action == "warn":
+            note(verdicts, stage, guard.name, WARNED)
+        else:
+            # The webhook would block (or redact, for a guardrail whose action is block).
+            note(verdicts, stage, guard.name, BLOCKED)
+            raise GuardrailBlocked(guard.name, stage)
+    return changed
+
+
+def skipped(guards: Iterable[Guard], verdicts: Verdicts, stage: str) -> None:
+    """The route has nothing these guardrails read: each is skipped, not passed."""
+    for guard in guards:
+        note(verdicts, stage, guard.name, SKIPPED)
+
+
+def warnings(verdicts: Verdicts) -> tuple[tuple[bytes, bytes], ...]:
+    """`X-Vkgate-Guardrail-Warning` naming every guardrail that warned, when one did."""
+    names = sorted(
+        {key.partition(":")[2] for key, outcome in verdicts.items() if outcome == WARNED}
+    )
+    if not names:
+        return ()
+    return ((b"x-vkgate-guardrail-warning", ", ".join(names).encode("utf-8", "replace")),)
