@@ -64,6 +64,66 @@ def seed(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
         return str(key["key"]), str(governed["key"])
 
 
+GUARDRAILS = (
+    {
+        "kind": "regex",
+        "config": {"patterns": {"ticket": r"\bTICKET-\d{6}\b", "codename": r"(?i)\bbluebird\b"}},
+    },
+    {"kind": "pii", "config": {}},
+    {"kind": "secrets", "config": {}},
+)
+"""What the guarded bench key's project has: three pattern guardrails on both stages."""
+
+
+def seed_guarded(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
+    """Two governed keys of one organization, alike but for three guardrails (regex, pii and
+    secrets, on both stages, redacting) on the second's project: a 4 KB prompt through each
+    says what the guardrails cost."""
+    with Admin(controlplane, token) as admin:
+        org = seed_organization(
+            admin,
+            {"plain": upstream + "/v1", "stream": upstream + "/stream/v1"},
+            {"gpt-4o-mini": ["plain"], "gpt-4o-mini-stream": ["stream"]},
+            name="bench-guarded",
+        )
+        plain = create_key(admin, org, "bench-unguarded", GOVERNED_LIMITS)
+        guarded_project = admin.post(
+            "/api/admin/projects", {"organization_id": org.id, "name": "guarded"}
+        )["id"]
+        for i, guardrail in enumerate(GUARDRAILS):
+            admin.post(
+                "/api/admin/guardrails",
+                {
+                    "organization_id": org.id,
+                    "name": f"bench-{guardrail['kind']}-{i}",
+                    "scope": {"kind": "project", "id": guarded_project},
+                    "stage": "both",
+                    "action": "redact",
+                    **guardrail,
+                },
+            )
+        guarded = admin.post(
+            "/api/admin/virtual-keys",
+            {
+                "project_id": guarded_project,
+                "name": "bench-guarded",
+                "routing_policy_id": org.policy,
+                "limits": GOVERNED_LIMITS,
+            },
+        )
+        for key in (plain, guarded):
+            admin.post(
+                "/api/admin/budgets",
+                {
+                    "organization_id": org.id,
+                    "scope": {"kind": "virtual_key", "id": key["id"]},
+                    "window": "month",
+                    "limit_usd": "1000000",
+                },
+            )
+        return str(plain["key"]), str(guarded["key"])
+
+
 def seed_clouds(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
     """Two governed keys whose policies route gpt-4o-mini (and -stream) to a `bedrock`
     credential and to a `gemini` one at the upstream (its Converse and generateContent

@@ -26,6 +26,10 @@
 #                             (rows vkgate-wN-bedrock, vkgate-wN-gemini: chat translated, Bedrock
 #                             signed; no stream run for bedrock, whose event stream nginx cannot
 #                             return); 0: skip
+#   WITH_GUARDRAILS=1         vkgate also with a 4 KB prompt at GUARD_CONC (16) through two governed
+#                             keys alike but for three guardrails (regex, pii, secrets; both
+#                             stages), alternated twice: rows vkgate-wN-4k-R and
+#                             vkgate-wN-4k-guarded-R (R = 1, 2); 0: skip
 #   VKGATE_BENCH_PROXY_ENV="NAME=VALUE ..."   extra settings for the vkgate proxy
 #   READY_TIMEOUT=90          seconds vkgate's control plane + seed + proxy may take to start
 #   WITH_LITELLM=auto|0|1     LITELLM_WORKERS="1" (e.g. "1 2")   LITELLM_VENV=/tmp/litellm-venv
@@ -52,6 +56,8 @@ WITH_BARE="${WITH_BARE:-1}"
 BARE_WORKERS="${BARE_WORKERS:-1 2}"
 VKGATE_WORKERS="${VKGATE_WORKERS-1 2}"
 WITH_CLOUD="${WITH_CLOUD:-1}"
+WITH_GUARDRAILS="${WITH_GUARDRAILS:-1}"
+GUARD_CONC="${GUARD_CONC:-16}"
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 WITH_LITELLM="${WITH_LITELLM:-auto}"
 LITELLM_WORKERS="${LITELLM_WORKERS:-1}"
@@ -283,6 +289,18 @@ run_target() {
   run_seq "$target" "$base/v1/chat/completions" "$pid" "$key" "${harr[@]}"
 }
 
+# run_prompt TARGET BASE_URL PID KEY: a 4 KB prompt at GUARD_CONC, after a sanity request
+run_prompt() {
+  local target="$1" base="$2" pid="$3" key="$4"
+  if ! check_chat "$base/v1/chat/completions" -H "Authorization: Bearer $key"; then
+    log "$target: sanity check FAILED: $(head -c 300 "$WORK/check.err")"
+    add_row "$target" chat - "" -1
+    return 1
+  fi
+  BENCH_PROMPT_BYTES=4096 warmup "$base/v1/chat/completions" "$key" ""
+  BENCH_PROMPT_BYTES=4096 run_wrk "$target" "$base/v1/chat/completions" "$GUARD_CONC" 0 "$pid" "$key"
+}
+
 not_run() { add_row "$1" chat - "" -1; }
 
 # ---------------------------------------------------------------- checks
@@ -400,6 +418,15 @@ for w in $VKGATE_WORKERS; do
       AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" \
         run_target "$target-gemini" "$VK_URL" "$VK_PID" "$VK_GEMINI"
       unset VK_BEDROCK VK_GEMINI
+    fi
+    if [[ "$WITH_GUARDRAILS" == 1 ]]; then
+      read -r _ VK_UNGUARDED VK_GUARDED <<< "$(grep -m1 '^GUARDED ' "$vk_out")"
+      # Alternated twice, so a neighbour's load falls on both rows alike.
+      for round in 1 2; do
+        AUX_PID="$VK_CP_PID" run_prompt "$target-4k-$round" "$VK_URL" "$VK_PID" "$VK_UNGUARDED"
+        AUX_PID="$VK_CP_PID" run_prompt "$target-4k-guarded-$round" "$VK_URL" "$VK_PID" "$VK_GUARDED"
+      done
+      unset VK_UNGUARDED VK_GUARDED
     fi
   else
     if kill -0 "$VPID" 2>/dev/null; then

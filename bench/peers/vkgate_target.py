@@ -15,7 +15,12 @@ a line
 
 gives two more keys, governed alike, whose policies route the same aliases to a `bedrock`
 credential and to a `gemini` one on the same mock (Converse and generateContent answers): the
-requests are translated, and the Bedrock ones signed with SigV4.
+requests are translated, and the Bedrock ones signed with SigV4. And a line
+
+    GUARDED <unguarded_key> <guarded_key>
+
+gives two governed keys of another organization, alike but for three guardrails (regex, pii,
+secrets; both stages) on the second's project.
 
     .venv/bin/python bench/peers/vkgate_target.py --workers 2 --upstream http://127.0.0.1:18080
 
@@ -132,9 +137,13 @@ def serve(args: argparse.Namespace, work: Path, extra: dict[str, str]) -> None:
         bedrock_key, gemini_key = proxy_overhead.seed_clouds(
             controlplane, token, args.upstream.rstrip("/")
         )
+        unguarded_key, guarded_key = proxy_overhead.seed_guarded(
+            controlplane, token, args.upstream.rstrip("/")
+        )
         with stack.started([*stack.VKGATE, "proxy"], proxy_env, work / "proxy.log") as proxy:
             stack.wait_ok(f"{base_url}/healthz", proxy, timeout=args.start_timeout)
             print(f"CLOUD {bedrock_key} {gemini_key}", flush=True)
+            print(f"GUARDED {unguarded_key} {guarded_key}", flush=True)
             print(
                 f"READY {base_url} {proxy.pid} {governed_key} {STREAM_MODEL} {cp.pid}", flush=True
             )

@@ -157,6 +157,18 @@ def _distinct(found: list[Finding]) -> list[Finding]:
     return kept
 
 
+_DIGITS_NEAR = 7
+"""Digits a number must have near a run of three before a pattern looks at it: a phone has
+seven, an SSN nine, a card thirteen; a year in prose (four) is passed over at once."""
+# Letters, digits, `_` and `-` become "a", anything else a space: every credential here is a
+# run of at least sixteen of those, which prose rarely has.
+_WORDISH = bytes(
+    ord("a") if (chr(b).isascii() and chr(b).isalnum()) or chr(b) in "_-" else ord(" ")
+    for b in range(256)
+)
+_LONG_RUN = b"a" * 16
+
+
 class PiiDetector(Detector):
     """Email addresses, phone numbers, card numbers, IBANs, US SSNs and IP addresses."""
 
@@ -182,7 +194,16 @@ class PiiDetector(Detector):
         if self._numbers is not None:
             # One byte a character ("?" for those Latin-1 lacks): positions stay the text's.
             mapped = text.encode("latin-1", "replace").translate(_DIGITS)
-            hits = [*_byte_occurrences(mapped, b"000"), *_byte_occurrences(mapped, b"0.0")]
+            hits = [
+                p
+                for p in _byte_occurrences(mapped, b"000")
+                if mapped.count(b"0", max(0, p - 16), p + 28) >= _DIGITS_NEAR
+            ]
+            hits.extend(
+                p
+                for p in _byte_occurrences(mapped, b"0.0")
+                if mapped.count(b".", max(0, p - 8), p + 12) >= 3
+            )
             for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size):
                 for match in self._numbers.finditer(text, start, end):
                     entity = match.lastgroup or ""
@@ -199,31 +220,47 @@ class PiiDetector(Detector):
 
 
 class SecretsDetector(Detector):
-    """Credentials, each found by the letters it starts with, then matched from there."""
+    """Credentials: each a long run of letters, digits, `_` and `-` (found by `bytes.find`),
+    looked into for the letters a kind starts with, then matched from there."""
 
-    __slots__ = ("_kinds",)
+    __slots__ = ("_kinds", "_private_key")
 
     def __init__(self, config: SecretsConfig) -> None:
         wanted = set(config.kinds)
+        self._private_key = (
+            re.compile(_SECRETS["private_key"][1]) if "private_key" in wanted else None
+        )
         self._kinds = [
             (kind, starts, re.compile(pattern))
             for kind, (starts, pattern) in _SECRETS.items()
-            if kind in wanted
+            if kind in wanted and kind != "private_key"
         ]
 
     def find(self, text: str) -> list[Finding]:
+        mapped = text.encode("latin-1", "replace").translate(_WORDISH)
+        run = mapped.find(_LONG_RUN)
+        if run == -1:
+            return []
         found: list[Finding] = []
-        for kind, starts, pattern in self._kinds:
-            for literal in starts:
-                if literal not in text:
-                    continue
-                for position in _occurrences(text, literal):
-                    before = text[position - 1] if position else " "
-                    if before.isalnum() or before == "_":
-                        continue  # inside a longer word
-                    match = pattern.match(text, position)
-                    if match is not None:
-                        found.append(Finding(position, match.end(), kind))
+        if self._private_key is not None:
+            for position in _occurrences(text, "-----BEGIN "):
+                match = self._private_key.match(text, position)
+                if match is not None:
+                    found.append(Finding(position, match.end(), "private_key"))
+        while run != -1:
+            end = mapped.find(b" ", run)
+            end = len(mapped) if end == -1 else end
+            for kind, starts, pattern in self._kinds:
+                for literal in starts:
+                    position = text.find(literal, run, end)
+                    while position != -1:
+                        before = text[position - 1] if position else " "
+                        if not (before.isalnum() or before == "_"):
+                            match = pattern.match(text, position)
+                            if match is not None:
+                                found.append(Finding(position, match.end(), kind))
+                        position = text.find(literal, position + 1, end)
+            run = mapped.find(_LONG_RUN, end)
         return _distinct(found)
 
 

@@ -1,0 +1,197 @@
+"""The built-in detectors on plain text, and the stream window on every way a provider may cut
+its text into events: what reaches the client is the whole answer redacted, never a match."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.documents import Shape
+from proxy.guardrails import GuardrailBlocked, guardrails_of
+from proxy.guardrails._detect import PiiDetector, RegexDetector, SecretsDetector, redacted
+from proxy.guardrails._stream import StreamScreen
+from vkgate.guardrails import PiiConfig, RegexConfig, SecretsConfig
+from vkgate.wire import GuardrailSpec
+
+PII = PiiDetector(PiiConfig())
+SECRETS = SecretsDetector(SecretsConfig())
+
+
+@pytest.mark.parametrize(
+    ("text", "entity"),
+    [
+        ("mail jane.doe+tag@mail.example.co.uk now", "email"),
+        ("call +44 20 7946 0958 today", "phone"),
+        ("call (415) 555-0199 today", "phone"),
+        ("call 415-555-0100 today", "phone"),
+        ("card 4111 1111 1111 1111 ok", "credit_card"),
+        ("card 5500-0000-0000-0004 ok", "credit_card"),
+        ("iban GB82 WEST 1234 5698 7654 32 ok", "iban"),
+        ("iban DE89370400440532013000 ok", "iban"),
+        ("ssn 123-45-6789 ok", "us_ssn"),
+        ("host 192.168.10.20 up", "ip_address"),
+        ("host 2001:db8::ff00:42:8329 up", "ip_address"),
+    ],
+)
+def test_pii_finds_each_entity(text: str, entity: str) -> None:
+    [finding] = PII.find(text)
+    assert finding.entity == entity
+    assert " " not in text[finding.start : finding.end].strip() or entity in (
+        "phone",
+        "credit_card",
+        "iban",
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "In 2024 the team shipped 3 releases across 12 regions.",
+        "card 4111 1111 1111 1112 fails Luhn",
+        "iban GB82 WEST 1234 5698 7654 33 fails mod 97",
+        "ssn 666-45-6789 and 000-12-3456 are never issued",
+        "version 1.2.3 and 999.1.1.1 are no addresses",
+        "an @ alone, and user@localhost without a domain",
+        "Note: this has: colons",
+    ],
+)
+def test_pii_passes_over_what_only_looks_like_it(text: str) -> None:
+    assert PII.find(text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("AKIAIOSFODNN7EXAMPLE", "aws_access_key"),
+        ("AIzaSyA-1234567890abcdefghijklmnopqrstu", "gcp_api_key"),
+        ("sk-proj-Zq3xT9bW2mK7vN4pL8rY1cD6", "openai_key"),
+        ("sk-ant-api03-Zq3xT9bW2mK7vN4pL8rY1cD6eF", "anthropic_key"),
+        ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "github_token"),
+        ("xoxb-1234567890-abcdefghijklmnop", "slack_token"),
+        ("sk_live_abcdefghijklmnop1234", "stripe_key"),
+        ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlLWhlcmU", "jwt"),
+        (
+            "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----",
+            "private_key",
+        ),
+    ],
+)
+def test_secrets_finds_each_kind_whole(text: str, kind: str) -> None:
+    [finding] = SECRETS.find(f"token: {text} (rotate it)")
+    assert finding.entity == kind
+    assert (finding.end - finding.start) == len(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a task-force of well-meaning stake-holders",
+        "sk-short and AKIA alone",
+        "antidisestablishmentarianism is long but no key",
+    ],
+)
+def test_secrets_passes_over_prose(text: str) -> None:
+    assert SECRETS.find(text) == []
+
+
+def test_redaction_names_each_entity_and_keeps_the_rest() -> None:
+    text = "to jane@example.com, key AKIAIOSFODNN7EXAMPLE."
+    assert redacted(text, PII.find(text) + SECRETS.find(text)) == (
+        "to [REDACTED:email], key [REDACTED:aws_access_key]."
+    )
+
+
+def test_an_admin_pattern_that_backtracks_stops_at_its_bound() -> None:
+    from proxy.guardrails._detect import DetectorTimeout
+
+    detector = RegexDetector(RegexConfig(patterns={"evil": r"^(a|aa)+$"}), bound_s=0.01)
+    with pytest.raises(DetectorTimeout):
+        detector.find("a" * 60 + "b")
+
+
+def _chat_events(pieces: list[str]) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in pieces]
+    events.append(chunk({}, "stop"))
+    return b"".join(events) + b"data: [DONE]\n\n"
+
+
+def _streamed_text(data: bytes) -> str:
+    text = []
+    for event in data.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            delta = json.loads(event[6:])["choices"][0]["delta"]
+            text.append(delta.get("content") or "")
+    return "".join(text)
+
+
+def _screen(action: str, window: int) -> StreamScreen:
+    guards = guardrails_of(
+        [GuardrailSpec(id="g", name="pii", stage="response", kind="pii", config={}, action=action)]
+    )
+    assert guards is not None
+    return StreamScreen(guards.response, None, {}, Shape.CHAT, "m", window=window)
+
+
+ANSWER = (
+    "filler " * 20
+    + "Write to jane.doe@example.com or call +1 415-555-0100; "
+    + "filler " * 30
+    + "and mail ops@example.org. "
+    + "filler " * 40
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, len(ANSWER) - 1), max_size=60, unique=True),
+    feeds=st.integers(1, 7),
+    # The last quarter of the window is kept back: entities shorter than that are never cut.
+    window=st.sampled_from([128, 256, 512]),
+)
+def test_a_stream_cut_anywhere_is_redacted_as_the_whole_answer(
+    cuts: list[int], feeds: int, window: int
+) -> None:
+    bounds = [0, *sorted(cuts), len(ANSWER)]
+    pieces = [ANSWER[a:b] for a, b in itertools.pairwise(bounds)]
+    data = _chat_events(pieces)
+    screen = _screen("redact", window)
+
+    async def run() -> bytes:
+        out = b""
+        step = max(1, len(data) // feeds)
+        for i in range(0, len(data), step):
+            out += await screen.feed(data[i : i + step])
+            assert b"jane.doe" not in out and b"555-0100" not in out and b"ops@" not in out
+        return out + await screen.finish()
+
+    out = asyncio.run(run())
+    assert _streamed_text(out) == redacted(ANSWER, PII.find(ANSWER))
+    assert out.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_block_leaves_what_was_sent_before_it_clean() -> None:
+    pieces = ["safe words " * 3] * 20 + ["now jane.doe@example.com"] + ["more"] * 5
+    screen = _screen("block", 64)
+
+    async def run() -> bytes:
+        return await screen.feed(_chat_events(pieces))
+
+    with pytest.raises(GuardrailBlocked):
+        asyncio.run(run())
+    sent = _streamed_text(screen.released)
+    assert sent and "jane" not in sent and set(sent.split()) == {"safe", "words"}
