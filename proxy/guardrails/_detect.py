@@ -103,11 +103,9 @@ _CHECKS: dict[str, Callable[[str], bool]] = {
     "iban": _iban,
     "ip_address": _ip,
 }
-# Every digit becomes "0" and a dot stays; anything else is a space: a number worth a closer
-# look shows as "000" (cards, IBANs, SSNs, phones) or "0.0" (IPv4), found by bytes.find.
-_DIGITS = bytes(
-    ord("0") if chr(b).isdigit() else (b if b == ord(".") else ord(" ")) for b in range(256)
-)
+# Every digit, and a dot, becomes "0"; anything else is a space: a number worth a closer look
+# shows as "000" (cards, IBANs, SSNs, phones, IPv4 addresses), found by one bytes.find.
+_DIGITS = bytes(ord("0") if chr(b).isdigit() or b == ord(".") else ord(" ") for b in range(256))
 _NUMBER_BEFORE = 48
 """How far before a run of digits a number may start (an IBAN's letters, a phone's prefix)."""
 _NUMBER_AFTER = 64
@@ -158,8 +156,9 @@ def _distinct(found: list[Finding]) -> list[Finding]:
 
 
 _DIGITS_NEAR = 7
-"""Digits a number must have near a run of three before a pattern looks at it: a phone has
-seven, an SSN nine, a card thirteen; a year in prose (four) is passed over at once."""
+"""Digits (and dots) a number must have within twenty characters of a run of three before a
+pattern looks at it: a phone has seven, an SSN nine, a card thirteen, an IPv4 address seven
+with its dots; a year in prose, even with a few numbers around it, is passed over at once."""
 # Letters, digits, `_` and `-` become "a", anything else a space: every credential here is a
 # run of at least sixteen of those, which prose rarely has.
 _WORDISH = bytes(
@@ -197,13 +196,8 @@ class PiiDetector(Detector):
             hits = [
                 p
                 for p in _byte_occurrences(mapped, b"000")
-                if mapped.count(b"0", max(0, p - 16), p + 28) >= _DIGITS_NEAR
+                if mapped.count(b"0", max(0, p - 4), p + 16) >= _DIGITS_NEAR
             ]
-            hits.extend(
-                p
-                for p in _byte_occurrences(mapped, b"0.0")
-                if mapped.count(b".", max(0, p - 8), p + 12) >= 3
-            )
             for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size):
                 for match in self._numbers.finditer(text, start, end):
                     entity = match.lastgroup or ""
