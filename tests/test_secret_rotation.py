@@ -20,7 +20,7 @@ from sqlalchemy import select
 from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.internal.resolve import verify_jwt
-from controlplane.models import AdminToken, Provider, VirtualKeySecret
+from controlplane.models import AdminToken, Guardrail, Provider, VirtualKeySecret
 from controlplane.security import Cipher, Hasher
 from controlplane.settings import ControlPlaneSettings
 from proxy.control import ControlPlaneClient, Unreachable
@@ -367,6 +367,17 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
                 "headers": {"x-tenant": "t-1"},
             },
         )
+        hook = await create(
+            http,
+            "/api/admin/guardrails",
+            {
+                "organization_id": world.org,
+                "name": "hook",
+                "kind": "webhook",
+                "config": {"url": "https://guard.example.com/check"},
+                "secret": "whsec-rotated-along-0123",
+            },
+        )
     env = {
         **secrets_env(database_url),
         "VKGATE_HOME": str(tmp_path),
@@ -376,7 +387,7 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     dry = await reencrypt_cli(env, "--dry-run", "--json")
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.output) | {"unreadable": []} == {
-        "moved": 2,
+        "moved": 3,
         "current": 0,
         "unreadable": [],
         "changed_meanwhile": 0,
@@ -384,9 +395,12 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     }
     moved = await reencrypt_cli(env)
     assert moved.exit_code == 0, moved.output
-    assert "provider credentials: 2 moved to the current key, 0 under it already" in moved.output
+    assert (
+        "stored credentials (providers', guardrail webhooks'): 3 moved to the current key, "
+        "0 under it already" in moved.output
+    )
     again = await reencrypt_cli(env, "--json")
-    assert json.loads(again.output)["current"] == 2
+    assert json.loads(again.output)["current"] == 3
     assert json.loads(again.output)["moved"] == 0
     only_new = Cipher(base64.urlsafe_b64decode(NEW_KEY))
     async with clean_database.transaction() as session:
@@ -396,6 +410,11 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     assert only_new.decrypt(sealed, context=f"{world.provider}:api_key") == (
         "sk-test-provider-credential-7d1f"
     )
+    async with clean_database.transaction() as session:
+        guardrail = await session.get(Guardrail, hook["id"])
+        assert guardrail is not None and guardrail.secret_encrypted is not None
+        secret = guardrail.secret_encrypted
+    assert only_new.decrypt(secret, context=f"{hook['id']}:secret") == "whsec-rotated-along-0123"
 
 
 async def test_reencrypt_names_credentials_no_key_opens_and_exits_1(

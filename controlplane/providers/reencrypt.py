@@ -1,6 +1,6 @@
-"""Moving every stored provider credential to the current encryption key
-(`vkgate secrets reencrypt`), once `VKGATE_ENCRYPTION_KEY` has a new value and the old one is
-in `VKGATE_ENCRYPTION_KEYS_PREVIOUS`."""
+"""Moving every stored provider credential (and guardrail webhook secret) to the current
+encryption key (`vkgate secrets reencrypt`), once `VKGATE_ENCRYPTION_KEY` has a new value and
+the old one is in `VKGATE_ENCRYPTION_KEYS_PREVIOUS`."""
 
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import InstrumentedAttribute
 
 from controlplane.db import Database
-from controlplane.models import Provider
+from controlplane.models import Guardrail, Provider
 from controlplane.security import Cipher
 
 BATCH = 200
-"""Providers read per transaction: a large install never holds one long transaction."""
-# Each encrypted column, and the associated data its ciphertexts are bound to.
-_SEALED: tuple[tuple[InstrumentedAttribute[bytes | None], str], ...] = (
-    (Provider.api_key_encrypted, "api_key"),
-    (Provider.headers_encrypted, "headers"),
+"""Rows read per transaction: a large install never holds one long transaction."""
+Sealed = tuple[tuple[InstrumentedAttribute[bytes | None], str], ...]
+# Each table's id, its encrypted columns, and the associated data their ciphertexts are bound
+# to (`<row id>:<name>`).
+_TABLES: tuple[tuple[type[Provider] | type[Guardrail], InstrumentedAttribute[str], Sealed], ...] = (
+    (
+        Provider,
+        Provider.id,
+        ((Provider.api_key_encrypted, "api_key"), (Provider.headers_encrypted, "headers")),
+    ),
+    (Guardrail, Guardrail.id, ((Guardrail.secret_encrypted, "secret"),)),
 )
 
 
@@ -37,25 +43,41 @@ class Reencrypted:
 
 
 async def reencrypt(db: Database, cipher: Cipher, *, dry_run: bool = False) -> Reencrypted:
-    """Every provider credential under the current key; each write is a compare-and-swap on
-    the ciphertext read, so one replaced meanwhile through the admin API is never overwritten."""
+    """Every provider credential and guardrail secret under the current key; each write is a
+    compare-and-swap on the ciphertext read, so one replaced meanwhile through the admin API
+    is never overwritten."""
     counts = Reencrypted()
+    for model, ident, sealed in _TABLES:
+        await _reencrypt_table(db, cipher, model, ident, sealed, counts, dry_run=dry_run)
+    return counts
+
+
+async def _reencrypt_table(
+    db: Database,
+    cipher: Cipher,
+    model: type[Provider] | type[Guardrail],
+    ident: InstrumentedAttribute[str],
+    sealed: Sealed,
+    counts: Reencrypted,
+    *,
+    dry_run: bool,
+) -> None:
     after = ""
     while True:
         async with db.transaction() as session:
             rows = (
                 await session.execute(
-                    select(Provider.id, *(column for column, _ in _SEALED))
-                    .where(Provider.id > after)
-                    .order_by(Provider.id)
+                    select(ident, *(column for column, _ in sealed))
+                    .where(ident > after)
+                    .order_by(ident)
                     .limit(BATCH)
                 )
             ).all()
-            for provider_id, *blobs in rows:
-                for (column, name), blob in zip(_SEALED, blobs, strict=True):
+            for row_id, *blobs in rows:
+                for (column, name), blob in zip(sealed, blobs, strict=True):
                     if blob is None:
                         continue
-                    context = f"{provider_id}:{name}"
+                    context = f"{row_id}:{name}"
                     try:
                         plaintext, is_current = cipher.opened(blob, context=context)
                     except ValueError:
@@ -68,13 +90,13 @@ async def reencrypt(db: Database, cipher: Cipher, *, dry_run: bool = False) -> R
                     if dry_run:
                         continue
                     result = await session.execute(
-                        update(Provider)
-                        .where(Provider.id == provider_id, column == blob)
+                        update(model)
+                        .where(ident == row_id, column == blob)
                         .values({column.key: cipher.encrypt(plaintext, context=context)})
                     )
                     if result.rowcount == 0:  # type: ignore[attr-defined]
                         counts.moved -= 1
                         counts.changed_meanwhile += 1
         if len(rows) < BATCH:
-            return counts
+            return
         after = rows[-1][0]

@@ -149,7 +149,8 @@ def reencrypt(dry_run: bool, as_json: bool) -> None:
     else:
         verb = "would move" if dry_run else "moved"
         click.echo(
-            f"provider credentials: {counts.moved} {verb} to the current key, "
+            f"stored credentials (providers', guardrail webhooks'): {counts.moved} {verb} to the "
+            "current key, "
             f"{counts.current} under it already, {len(counts.unreadable)} unreadable"
             + (
                 f", {counts.changed_meanwhile} replaced meanwhile (under the current key)"
