@@ -89,7 +89,8 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(
-        f"provider credentials: {credentials.current} under the current key, "
+        f"stored credentials (providers', guardrail webhooks'): {credentials.current} under "
+        "the current key, "
         f"{credentials.moved} under a previous one (`vkgate secrets reencrypt` moves them), "
         f"{len(credentials.unreadable)} unreadable"
     )
