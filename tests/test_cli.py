@@ -502,3 +502,41 @@ def test_malformed_option_is_a_usage_error_naming_the_option(
     assert result.returncode == 2, result.stderr
     assert f"Invalid value for {option}:" in result.stderr
     assert "cannot reach" not in result.stderr
+
+
+def test_guardrail_commands_create_list_update_and_delete_never_printing_the_secret(
+    cli: Cli,
+) -> None:
+    org = new_org(cli, "acme-guardrails")
+    secret = "whsec-cli-test-0123456789"
+    env = {**cli.env, "CLI_TEST_HOOK_SECRET": secret}
+    pii = cli.json(
+        "guardrails", "create", "--org", org, "--name", "pii", "--kind", "pii",
+        "--action", "redact", "--config", '{"entities": ["email", "credit_card"]}',
+    )  # fmt: skip
+    assert (pii["kind"], pii["action"], pii["stage"]) == ("pii", "redact", "both")
+    assert pii["config"] == {"entities": ["email", "credit_card"]}
+    hook = cli.json(
+        "guardrails", "create", "--org", org, "--name", "hook", "--kind", "webhook",
+        "--stage", "request", "--on-error", "block", "--timeout-ms", "300",
+        "--config", '{"url": "https://guard.example.com/check"}',
+        "--secret-env", "CLI_TEST_HOOK_SECRET",
+        env=env,
+    )  # fmt: skip
+    assert hook["has_secret"] is True and hook["on_error"] == "block"
+    table = cli.ok("guardrails", "list", "--org", org)
+    assert header_of(table)[:3] == ["ID", "NAME", "KIND"]
+    assert "pii" in table and "hook" in table
+    off = cli.json("guardrails", "update", hook["id"], "--disable", "--action", "warn")
+    assert (off["enabled"], off["action"]) == (False, "warn")
+    outputs = [table, cli.ok("guardrails", "show", hook["id"], "--json"), str(off), str(hook)]
+    assert all(secret not in output for output in outputs)
+    assert "config.entities" in cli.fails(
+        "guardrails", "create", "--org", org, "--name", "bad", "--kind", "pii",
+        "--config", '{"entities": ["shoe_size"]}',
+    )  # fmt: skip
+    assert "--config" in cli.fails(
+        "guardrails", "create", "--org", org, "--name", "bad", "--kind", "pii", "--config", "{",
+    )  # fmt: skip
+    assert cli.ok("guardrails", "delete", pii["id"]).strip() == f"deleted {pii['id']}"
+    assert [g["id"] for g in cli.json("guardrails", "list", "--org", org)] == [hook["id"]]
