@@ -15,18 +15,21 @@ import anthropic
 import httpx
 import openai
 import pytest
+from google import genai
+from google.genai import types
 
-from proxy.app import Running
 from tests.proxy.conftest import (
     CHAT_ALIAS,
     EMBEDDING_ALIAS,
     RunningProxy,
     Tenant,
     add_key,
+    add_provider,
     make_tenant,
 )
-from tests.proxy.spool_support import segment_records
+from tests.proxy.outcome_support import outcomes
 from tests.support.api import ADMIN, create
+from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_openai import REPLY, FakeOpenAI
 from tests.support.fake_webhook import SECRET, FakeWebhook, serve_fake_webhook
 from vkgate.spend import SpendRecord
@@ -79,12 +82,8 @@ class Guarded:
         )
 
     async def outcomes(self) -> list[SpendRecord]:
-        running: Running = self.proxy.app.state["running"]
-        assert running.spool is not None
-        await running.spool.seal_async()
-        return [
-            r for _, records in segment_records(running.spool) for r in records if r.kind != "admit"
-        ]
+        """The outcome records the proxy wrote, through the ledger."""
+        return await outcomes(self.proxy, self.client, self.tenant.org)
 
     async def last(self) -> SpendRecord:
         return (await self.outcomes())[-1]
@@ -455,3 +454,64 @@ async def test_a_new_guardrail_reaches_the_proxy_through_the_change_feed(
             await asyncio.sleep(0.02)
     listed = await guarded.client.get("/api/admin/guardrails", headers=ADMIN)
     assert [g["name"] for g in listed.json()["data"]] == ["late"]
+
+
+async def test_a_responses_stream_is_redacted_in_its_deltas_and_its_whole_texts(
+    guarded: Guarded,
+) -> None:
+    key = await guarded.key(
+        {
+            "kind": "regex",
+            "stage": "response",
+            "action": "redact",
+            "config": {"patterns": {"who": r"fake upstream"}},
+        }
+    )
+    async with guarded.openai(key) as sdk:
+        stream = await sdk.responses.create(model=CHAT_ALIAS, input="hi", stream=True)
+        events = [event async for event in stream]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == "Hi there! I am the [REDACTED:who]."
+    completed = next(e for e in events if e.type == "response.completed")
+    assert completed.response.output_text == deltas
+    assert all("fake upstream" not in e.model_dump_json() for e in events)
+    assert only(await guarded.last()) == {"response:regex": "redacted"}
+
+
+async def test_the_gemini_apis_contents_are_redacted_before_google_sees_them(
+    guarded: Guarded, fake_gemini: FakeGemini
+) -> None:
+    provider = await add_provider(
+        guarded.client,
+        guarded.tenant.org,
+        "studio",
+        fake_gemini.url,
+        fake_gemini.api_key,
+        kind="gemini",
+    )
+    policy = await create(
+        guarded.client,
+        "/api/admin/routing-policies",
+        {
+            "organization_id": guarded.tenant.org,
+            "name": "gemini",
+            "aliases": {"gemini": [{"provider_id": provider, "model": "gemini-2.5-flash"}]},
+        },
+    )
+    guarded.tenant.policy = policy["id"]
+    key = await guarded.key({"kind": "pii", "stage": "request", "action": "redact"})
+    client = genai.Client(
+        api_key=key,
+        http_options=types.HttpOptions(
+            base_url=guarded.proxy.url.removesuffix("/v1"),
+            api_version="v1beta",
+            timeout=30_000,
+            retry_options=types.HttpRetryOptions(attempts=1),
+        ),
+    )
+    try:
+        await client.aio.models.generate_content(model="gemini", contents=f"mail {EMAIL}")
+    finally:
+        await client.aio.aclose()
+    [sent] = fake_gemini.received
+    assert sent.json()["contents"][0]["parts"][0]["text"] == "mail [REDACTED:email]"

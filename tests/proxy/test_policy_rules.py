@@ -18,7 +18,6 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from proxy.app import Running
 from tests.proxy.conftest import (
     CHAT_ALIAS,
     EMBEDDING_ALIAS,
@@ -30,7 +29,7 @@ from tests.proxy.conftest import (
     add_provider,
     make_tenant,
 )
-from tests.proxy.spool_support import segment_records
+from tests.proxy.outcome_support import outcomes
 from tests.support.api import ADMIN, create
 from tests.support.fake_gemini import FakeGemini
 from tests.support.fake_openai import FakeOpenAI
@@ -95,13 +94,8 @@ class Ruled:
         )
 
     async def outcomes(self) -> list[SpendRecord]:
-        """The outcome records the proxy has spooled so far."""
-        running: Running = self.proxy.app.state["running"]
-        assert running.spool is not None
-        await running.spool.seal_async()
-        return [
-            r for _, records in segment_records(running.spool) for r in records if r.kind != "admit"
-        ]
+        """The outcome records the proxy wrote, through the ledger."""
+        return await outcomes(self.proxy, self.client, self.tenant.org)
 
 
 @pytest.fixture
