@@ -235,6 +235,7 @@ LISTS = [
     "/api/admin/routing-policies",
     "/api/admin/virtual-keys",
     "/api/admin/budgets",
+    "/api/admin/guardrails",
     AUDIT,
 ]
 """Every list the admin API serves an organization's resources from."""
@@ -251,6 +252,11 @@ async def test_finance_token_reads_every_list(
         "limit_usd": "1",
     }
     await create(client, "/api/admin/budgets", budget)
+    await create(
+        client,
+        "/api/admin/guardrails",
+        {"organization_id": world.org, "name": "pii", "kind": "pii"},
+    )
     response = await client.get(path, headers=finance)
     assert response.status_code == 200, response.text
     assert response.json()["data"]

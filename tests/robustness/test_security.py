@@ -69,6 +69,7 @@ class Org(World):
     """An organization with one of each resource, a budget too, made through the admin API."""
 
     budget: str = ""
+    guardrail: str = ""
 
     @property
     def id(self) -> str:
@@ -90,7 +91,19 @@ async def seed_org(client: Client, name: str, provider: dict[str, Any] | None = 
             },
         )
     )["id"]
-    return Org(**dataclasses.asdict(world), budget=budget)
+    guardrail = (
+        await create(
+            client,
+            "/api/admin/guardrails",
+            {
+                "organization_id": world.org,
+                "name": "secrets",
+                "kind": "secrets",
+                "scope": {"kind": "project", "id": world.project},
+            },
+        )
+    )["id"]
+    return Org(**dataclasses.asdict(world), budget=budget, guardrail=guardrail)
 
 
 async def openapi_operations(client: Client) -> list[tuple[str, str]]:
@@ -119,6 +132,7 @@ def path_ids(org: Org, token_id: str) -> dict[str, str]:
         "policy_id": org.policy,
         "vk_id": org.key_id,
         "budget_id": org.budget,
+        "guardrail_id": org.guardrail,
         "token_id": token_id,
     }
 
@@ -133,6 +147,7 @@ async def everything_readable(client: Client, org: Org) -> dict[str, str]:
         f"/api/admin/routing-policies/{org.policy}",
         f"/api/admin/virtual-keys/{org.key_id}",
         f"/api/admin/budgets/{org.budget}",
+        f"/api/admin/guardrails/{org.guardrail}",
     ]
     return {path: (await client.get(path, headers=ADMIN)).text for path in paths}
 
@@ -452,6 +467,37 @@ def creations(a: Org, b: Org) -> list[tuple[str, str, dict[str, Any], str, str]]
             {**budget, "provider_id": b.provider, "limit_usd": "1"},
             b.provider,
             "provider_id",
+        ),
+        (
+            "POST",
+            "/api/admin/guardrails",
+            {"organization_id": b.id, "name": "g", "kind": "pii"},
+            b.id,
+            "organization_id",
+        ),
+        (
+            "POST",
+            "/api/admin/guardrails",
+            {
+                "organization_id": a.id,
+                "name": "g",
+                "kind": "pii",
+                "scope": {"kind": "project", "id": b.project},
+            },
+            b.project,
+            "scope.id",
+        ),
+        (
+            "POST",
+            "/api/admin/guardrails",
+            {
+                "organization_id": a.id,
+                "name": "g",
+                "kind": "moderation",
+                "config": {"provider_id": b.provider},
+            },
+            b.provider,
+            "config.provider_id",
         ),
         (
             "PATCH",
