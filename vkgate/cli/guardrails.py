@@ -9,7 +9,7 @@ import click
 
 from vkgate.cli._context import add_resource_commands, admin_client
 from vkgate.cli._output import json_option, show
-from vkgate.cli.providers import _secret as secret_from
+from vkgate.cli.providers import secret_value as secret_from
 
 COLUMNS = ("id", "name", "kind", "scope", "stage", "action", "on_error", "timeout_ms", "enabled")
 SCOPES = ("organization", "team", "project", "virtual_key")

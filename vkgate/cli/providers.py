@@ -38,7 +38,7 @@ STORED_CREDENTIAL = {"bedrock": "aws_access_key_id", "vertex_ai": "service_accou
 """The field whose `null` forgets a cloud kind's stored credential."""
 
 
-def _secret(value: str | None, env_name: str | None, option: str) -> str | None:
+def secret_value(value: str | None, env_name: str | None, option: str) -> str | None:
     """From --OPTION (`-` reads stdin, keeping it out of shell history) or --OPTION-env."""
     if value is not None and env_name is not None:
         raise click.UsageError(f"give --{option} or --{option}-env, not both")
@@ -53,7 +53,7 @@ def _secret(value: str | None, env_name: str | None, option: str) -> str | None:
 
 
 def _api_key(api_key: str | None, api_key_env: str | None) -> str | None:
-    return _secret(api_key, api_key_env, "api-key")
+    return secret_value(api_key, api_key_env, "api-key")
 
 
 def _service_account(path: str | None) -> str | None:
@@ -75,8 +75,8 @@ def _cloud_fields(
     service_account_file: str | None,
 ) -> dict[str, Any]:
     """The cloud kinds' fields that were given (the control plane refuses a kind's foreign ones)."""
-    secret = _secret(aws_secret_access_key, aws_secret_access_key_env, "aws-secret-access-key")
-    token = _secret(None, aws_session_token_env, "aws-session-token")
+    secret = secret_value(aws_secret_access_key, aws_secret_access_key_env, "aws-secret-access-key")
+    token = secret_value(None, aws_session_token_env, "aws-session-token")
     fields = {
         "region": region,
         "project": project,
