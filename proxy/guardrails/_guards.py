@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from proxy.errors import ProxyError
 from proxy.guardrails._detect import (
@@ -74,6 +76,40 @@ def note(verdicts: Verdicts, stage: str, name: str, outcome: str) -> None:
         verdicts[key] = outcome
 
 
+SEEN_SIZE = 1024
+"""Texts a pattern guardrail remembers its findings for (a digest and a few positions each)."""
+SEEN_FROM = 256
+"""Shorter texts are scanned again: their digest would cost about as much."""
+
+
+class Seen:
+    """A pattern guardrail's findings by a digest of the text they were found in.
+
+    A conversation sends its system prompt and every earlier message again with each turn, and
+    most keys send one system prompt with every request: the text is the same, so what a
+    detector finds in it is too. Only a BLAKE2b digest of the text is kept, never the text."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[bytes, tuple[Finding, ...]] = OrderedDict()
+
+    @staticmethod
+    def digest(text: str) -> bytes:
+        return blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def get(self, digest: bytes) -> tuple[Finding, ...] | None:
+        found = self._entries.get(digest)
+        if found is not None:
+            self._entries.move_to_end(digest)
+        return found
+
+    def put(self, digest: bytes, found: list[Finding]) -> None:
+        self._entries[digest] = tuple(found)
+        if len(self._entries) > SEEN_SIZE:
+            self._entries.popitem(last=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Guard:
     """One compiled guardrail."""
@@ -90,6 +126,8 @@ class Guard:
     secret: str | None = None
     moderation: ModerationConfig | None = None
     target: ChainTarget | None = None
+    seen: Seen = field(default_factory=lambda: Seen())
+    """What the detector found in texts it read lately."""
 
     @property
     def remote(self) -> bool:
@@ -182,31 +220,59 @@ def local_findings(
     """What a pattern guardrail found in each text, or None when it could not run (a block
     raises); an outcome is noted unless something was found (the caller decides).
 
-    The texts are scanned joined, in one call: each call has a fixed cost (a pattern's set-up,
-    a translation), which a conversation of many short messages would pay once a message."""
-    assert guard.detector is not None
+    A text it read lately is not read again (`Seen`). The others are scanned joined, in one
+    call: each call has a fixed cost (a pattern's set-up, a translation), which a conversation
+    of many short messages would pay once a message."""
+    detector = guard.detector
+    assert detector is not None
+    per_text: list[list[Finding]] = [[] for _ in texts]
+    digests: dict[int, bytes] = {}
+    unread: list[int] = []
+    for i, text in enumerate(texts):
+        if len(text) >= SEEN_FROM:
+            digest = digests[i] = Seen.digest(text)
+            known = guard.seen.get(digest)
+            if known is not None:
+                per_text[i] = list(known)
+                continue
+        unread.append(i)
+    if not unread:
+        return per_text
     try:
-        if len(texts) == 1:
-            return [guard.detector.find(texts[0])]
-        joined = SEPARATOR.join(texts)
-        found = guard.detector.find(joined)
+        if len(unread) == 1:
+            found = {unread[0]: detector.find(texts[unread[0]])}
+        else:
+            found = _split_findings(
+                detector.find(SEPARATOR.join(texts[i] for i in unread)),
+                [texts[i] for i in unread],
+                unread,
+            )
     except DetectorTimeout:
         guard.failed(verdicts, stage, "pattern_timeout")
         return None
-    per_text: list[list[Finding]] = [[] for _ in texts]
-    if not found:
-        return per_text
+    for i, findings in found.items():
+        per_text[i] = findings
+        if i in digests:
+            guard.seen.put(digests[i], findings)
+    return per_text
+
+
+def _split_findings(
+    found: list[Finding], texts: list[str], indexes: list[int]
+) -> dict[int, list[Finding]]:
+    """Findings in the joined texts, by the index (in `indexes`) of the text each lies in."""
+    per_text: dict[int, list[Finding]] = {i: [] for i in indexes}
     starts = []
     position = 0
     for text in texts:
         starts.append(position)
         position += len(text) + len(SEPARATOR)
     for finding in found:
-        i = bisect_right(starts, finding.start) - 1
-        start = starts[i]
-        end = min(finding.end - start, len(texts[i]))
+        k = bisect_right(starts, finding.start) - 1
+        start = starts[k]
+        end = min(finding.end - start, len(texts[k]))
         if finding.start - start < end:
-            per_text[i].append(Finding(finding.start - start, end, finding.entity))
+            per_text[indexes[k]].append(Finding(finding.start - start, end, finding.entity))
     return per_text
 
 

@@ -1,10 +1,12 @@
 """Response guardrails on a stream: its text read as it passes, through a bounded window.
 
 Events are held back while their text is at most `window` characters; then the held text is
-checked whole, and the events before the last quarter of the window go on, redacted where a
-finding lies wholly in them. A finding that reaches into the kept part holds back from its
-start, so a match split between two events is still seen whole; held text past twice the
-window goes on regardless (a secret longer than that may be cut). A block ends the stream
+checked whole, and the events that end before the last quarter of the window go on, redacted
+where a finding lies in them. A finding that reaches into the kept part holds back from its
+start, so a match split between events is still seen whole; an event is never split, so one
+longer than the window waits for a quarter window of text after it. Held text past eight
+windows goes on regardless (a match that never ends, such as a private-key block without its
+end line, cannot hold the stream back without bound). A block ends the stream
 with an error event in the client's format: the caller sends it in place of what is held.
 """
 
@@ -31,7 +33,10 @@ from proxy.guardrails._guards import (
 from proxy.guardrails._remote import RemoteChecks
 
 WINDOW = 512
-"""Characters of a stream's text held back at most before they are checked and sent on."""
+"""Characters of a stream's text held back before they are checked and sent on."""
+FORCED = 8
+"""Held text past this many windows goes on whatever it holds: a match that never ends (a
+private-key block with no end line) cannot hold a stream back without bound."""
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _DATA = b"data:"
@@ -119,7 +124,7 @@ class StreamScreen:
                 await self._take(raw)
                 # Checked event by event: a chunk of many events goes on up to a block.
                 if self._length >= self._window:
-                    out.append(await self._release(final=self._length >= 2 * self._window))
+                    out.append(await self._release(final=self._length >= FORCED * self._window))
         except GuardrailBlocked:
             self.released = b"".join(out)
             raise

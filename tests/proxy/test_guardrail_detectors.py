@@ -156,7 +156,7 @@ ANSWER = (
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     cuts=st.lists(st.integers(1, len(ANSWER) - 1), max_size=60, unique=True),
     feeds=st.integers(1, 7),
@@ -195,3 +195,30 @@ def test_a_block_leaves_what_was_sent_before_it_clean() -> None:
         asyncio.run(run())
     sent = _streamed_text(screen.released)
     assert sent and "jane" not in sent and set(sent.split()) == {"safe", "words"}
+
+
+def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept() -> None:
+    from proxy.guardrails._guards import Guard, local_findings
+
+    class Counting(PiiDetector):
+        __slots__ = ("texts",)
+
+        def __init__(self) -> None:
+            super().__init__(PiiConfig())
+            self.texts: list[str] = []
+
+        def find(self, text: str) -> list[Any]:
+            self.texts.append(text)
+            return super().find(text)
+
+    detector = Counting()
+    guard = Guard("pii", "pii", "redact", "allow", 1.0, True, True, detector=detector)
+    system = "You answer questions about invoices. " * 10 + "Escalate to ops@example.com."
+    first = local_findings(guard, {}, "request", [system, "short one"])
+    second = local_findings(guard, {}, "request", [system, "another short one"])
+    assert first is not None and second is not None
+    assert [f.entity for f in first[0]] == [f.entity for f in second[0]] == ["email"]
+    assert second[0][0].start == system.index("ops@")
+    # The second time only the new message was read.
+    assert detector.texts[-1] == "another short one"
+    assert all(system not in str(key) for key in guard.seen._entries)
