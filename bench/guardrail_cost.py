@@ -1,5 +1,7 @@
 """What guardrails cost a request, in process: µs per call of each built-in detector on a prose
-prompt, and of a request's request and response stages with none, one and three guardrails.
+prompt, and of a request's request and response stages with none, one and three guardrails,
+for prompts never seen before and for one sent again (a guardrail remembers what it found in
+a text by the text's digest).
 
     .venv/bin/python bench/guardrail_cost.py [--bytes 4096] [--n 2000] [--rounds 5]
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from proxy.documents import Shape
 from proxy.guardrails import AnswerScreen, guardrails_of, screen_request
 from proxy.guardrails._detect import PiiDetector, RegexDetector, SecretsDetector
+from proxy.guardrails._guards import SEEN_SIZE
 from vkgate.guardrails import PiiConfig, RegexConfig, SecretsConfig
 from vkgate.wire import GuardrailSpec
 
@@ -66,16 +70,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     text = prompt(args.bytes)
-    body = json.dumps(
-        {
-            "model": "gpt-4o-mini",
-            "messages": [
-                {"role": "system", "content": "You are a concise assistant."},
-                {"role": "user", "content": text},
-            ],
-            "max_tokens": 64,
-        }
-    ).encode()
+
+    def body_of(user: str) -> bytes:
+        return json.dumps(
+            {
+                "model": "gpt-4o-mini",
+                "messages": [
+                    {"role": "system", "content": "You are a concise assistant."},
+                    {"role": "user", "content": user},
+                ],
+                "max_tokens": 64,
+            }
+        ).encode()
+
+    body = body_of(text)
+    # Twice as many distinct prompts as a guardrail remembers, in turn: each is read anew.
+    fresh = itertools.cycle([body_of(f"{text} (request {i})") for i in range(2 * SEEN_SIZE)])
     answer = json.dumps(ANSWER).encode()
     one = guardrails_of([spec("pii", {})])
     three = guardrails_of(
@@ -83,18 +93,18 @@ def main() -> None:
     )
     loop = asyncio.new_event_loop()
 
-    async def stages(guards: object) -> None:
+    async def stages(guards: object, request: bytes) -> None:
         if guards is None:
             return
         verdicts: dict[str, str] = {}
-        await screen_request(guards, None, verdicts, Shape.CHAT, body, "m")  # type: ignore[arg-type]
+        await screen_request(guards, None, verdicts, Shape.CHAT, request, "m")  # type: ignore[arg-type]
         screen = AnswerScreen.of(guards, None, verdicts, Shape.CHAT, "m")  # type: ignore[arg-type]
         if screen is not None:
             await screen.plain(answer)
 
-    async def calls(n: int, guards: object) -> None:
+    async def calls(n: int, guards: object, again: bool) -> None:
         for _ in range(n):
-            await stages(guards)
+            await stages(guards, body if again else next(fresh))
 
     pii, secrets = PiiDetector(PiiConfig()), SecretsDetector(SecretsConfig())
     regex = RegexDetector(RegexConfig(patterns=PATTERNS), 0.05)
@@ -104,9 +114,14 @@ def main() -> None:
         f"regex (2 patterns) on {args.bytes} B": lambda n: (
             [regex.find(text) for _ in range(n)] and None
         ),
-        "both stages, no guardrail": lambda n: loop.run_until_complete(calls(n, None)),
-        "both stages, pii": lambda n: loop.run_until_complete(calls(n, one)),
-        "both stages, regex + pii + secrets": lambda n: loop.run_until_complete(calls(n, three)),
+        "both stages, no guardrail": lambda n: loop.run_until_complete(calls(n, None, False)),
+        "both stages, pii, new prompts": lambda n: loop.run_until_complete(calls(n, one, False)),
+        "both stages, 3 guardrails, new prompts": lambda n: loop.run_until_complete(
+            calls(n, three, False)
+        ),
+        "both stages, 3 guardrails, prompt again": lambda n: loop.run_until_complete(
+            calls(n, three, True)
+        ),
     }
     timings: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(args.rounds):

@@ -214,8 +214,17 @@ SEPARATOR = "\n\x00\n"
 across it (`.` stops at a line end, no entity holds a NUL)."""
 
 
+def digests_of(texts: list[str]) -> list[bytes | None]:
+    """Each text's digest for `Seen`, made once for every guardrail that reads it."""
+    return [Seen.digest(text) if len(text) >= SEEN_FROM else None for text in texts]
+
+
 def local_findings(
-    guard: Guard, verdicts: Verdicts, stage: str, texts: list[str]
+    guard: Guard,
+    verdicts: Verdicts,
+    stage: str,
+    texts: list[str],
+    digests: list[bytes | None] | None = None,
 ) -> list[list[Finding]] | None:
     """What a pattern guardrail found in each text, or None when it could not run (a block
     raises); an outcome is noted unless something was found (the caller decides).
@@ -226,11 +235,11 @@ def local_findings(
     detector = guard.detector
     assert detector is not None
     per_text: list[list[Finding]] = [[] for _ in texts]
-    digests: dict[int, bytes] = {}
+    if digests is None:
+        digests = digests_of(texts)
     unread: list[int] = []
-    for i, text in enumerate(texts):
-        if len(text) >= SEEN_FROM:
-            digest = digests[i] = Seen.digest(text)
+    for i, digest in enumerate(digests):
+        if digest is not None:
             known = guard.seen.get(digest)
             if known is not None:
                 per_text[i] = list(known)
@@ -252,8 +261,9 @@ def local_findings(
         return None
     for i, findings in found.items():
         per_text[i] = findings
-        if i in digests:
-            guard.seen.put(digests[i], findings)
+        digest = digests[i]
+        if digest is not None:
+            guard.seen.put(digest, findings)
     return per_text
 
 
@@ -325,9 +335,12 @@ async def screen_texts(
     """Run every guardrail over `texts` in order, redacting them in place; whether any text
     changed. A block raises `GuardrailBlocked`."""
     changed = False
+    digests: list[bytes | None] | None = None
     for guard in guards:
         if not guard.remote:
-            found = local_findings(guard, verdicts, stage, texts)
+            if digests is None:
+                digests = digests_of(texts)
+            found = local_findings(guard, verdicts, stage, texts, digests)
             if found is None:
                 continue
             if not any(found):
@@ -338,6 +351,7 @@ async def screen_texts(
                     if findings:
                         texts[i] = redacted(texts[i], findings)
                 changed = True
+                digests = None  # the texts changed
             continue
         verdict = await remote_verdict(guard, remote, verdicts, stage, model, texts)
         if verdict is None:
@@ -348,6 +362,7 @@ async def screen_texts(
             note(verdicts, stage, guard.name, REDACTED)
             texts[:] = verdict.texts
             changed = True
+            digests = None
         elif guard.action == "warn":
             note(verdicts, stage, guard.name, WARNED)
         else:

@@ -26,6 +26,7 @@ from proxy.guardrails._guards import (
     Guard,
     GuardrailBlocked,
     Verdicts,
+    digests_of,
     local_findings,
     note,
     screen_texts,
@@ -187,10 +188,11 @@ class StreamScreen:
         """Redactions to make in the held text; a block raises, a warning is noted."""
         redact: list[Finding] = []
         verdicts = self._verdicts
+        digests = digests_of([text])
         for guard in self._guards:
             if guard.remote:
                 continue
-            found = local_findings(guard, verdicts, RESPONSE, [text])
+            found = local_findings(guard, verdicts, RESPONSE, [text], digests)
             if found is None:
                 continue
             if not found[0]:
