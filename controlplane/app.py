@@ -20,6 +20,7 @@ from litestar.types import ControllerRouterHandler
 import vkgate
 from controlplane.auth import require_admin_token
 from controlplane.budgets.routes import BudgetController
+from controlplane.cache_rules.routes import CacheRuleController
 from controlplane.db import Database, create_engine, is_sqlite
 from controlplane.errors import EXCEPTION_HANDLERS, ApiError
 from controlplane.feed.listener import PostgresFeedListener
@@ -55,6 +56,7 @@ ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     RoutingPolicyController,
     VirtualKeyController,
     BudgetController,
+    CacheRuleController,
     AdminTokenController,
     SpendController,
     audit_log,
