@@ -235,7 +235,9 @@ def _counters(settings: ProxySettings, clock: Clock, client: Any) -> Counters:
     return fallback
 
 
-def _response_cache(settings: ProxySettings, clock: Clock, client: Any) -> ResponseCache:
+def _response_cache(
+    settings: ProxySettings, clock: Clock, client: Any, metrics: ProxyMetrics
+) -> ResponseCache:
     """The response cache: in Redis when configured (shared by every replica), else in this
     process, bounded by `VKGATE_CACHE_MAX_BYTES`."""
     store: CacheStore
@@ -245,7 +247,14 @@ def _response_cache(settings: ProxySettings, clock: Clock, client: Any) -> Respo
         from proxy.limits.fallback import UNREACHABLE
 
         store = RedisStore(client, UNREACHABLE)
-    return ResponseCache(store, max_entry_bytes=settings.cache_max_entry_bytes, wall=clock.time)
+    metrics.sources.response_cache = store.stats
+    return ResponseCache(
+        store,
+        max_entry_bytes=settings.cache_max_entry_bytes,
+        wall=clock.time,
+        lookups=metrics.cache_lookups,
+        stores=metrics.cache_stores,
+    )
 
 
 async def _start(
@@ -295,7 +304,7 @@ async def _start(
     redis_client = _redis_client(settings)
     counters = running.counters = _counters(settings, clock, redis_client)
     stack.push_async_callback(counters.close)
-    response_cache = _response_cache(settings, clock, redis_client)
+    response_cache = _response_cache(settings, clock, redis_client, running.metrics)
     stack.push_async_callback(response_cache.close)
     leased = _leased(counters)
     if leased is not None:

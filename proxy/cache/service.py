@@ -10,7 +10,6 @@ canonical form (the plain answer) from which either form is rendered.
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,14 +22,13 @@ from proxy.cache._events import NotAnAnswer
 from proxy.cache.rules import CacheScope
 from proxy.cache.stores import CacheStore
 from proxy.providers.base import WireFormat
+from proxy.telemetry.metrics import Tally
 
 if TYPE_CHECKING:
     from proxy.dispatch import Outcome
     from proxy.prepared import Prepared
     from proxy.runtime import KeyRuntime
     from vkgate.spend import SpendRecord
-
-log = logging.getLogger("vkgate.proxy.cache")
 
 HEADER = b"x-vkgate-cache"
 CACHED_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages"})
@@ -175,15 +173,19 @@ class CachedRequest:
     async def store(self, outcome: Outcome, record: SpendRecord | None) -> None:
         """Keep the answer the client just got, when it was whole and 2xx."""
         recorder, upstream = self.recorder, outcome.upstream
+        if recorder is None:
+            return
+        if recorder.overflowed:
+            self._cache.kept("too_large")
+            return
         if (
-            recorder is None
-            or upstream is None
+            upstream is None
             or not 200 <= recorder.status < 300
             or not recorder.ended
-            or recorder.overflowed
             or outcome.broke
             or outcome.cancelled
         ):
+            self._cache.kept("not_stored")
             return
         data = b"".join(recorder.parts)
         try:
@@ -195,11 +197,11 @@ class CachedRequest:
                 body = msgspec.json.encode(answer)
             else:
                 if not isinstance(msgspec.json.decode(data), dict):
-                    return
+                    raise NotAnAnswer("not a JSON object")
                 body = data
         except (NotAnAnswer, msgspec.DecodeError, KeyError, TypeError, AttributeError):
             # An answer this cache cannot read back whole is served, and not kept.
-            log.info("response cache: an answer of %s was not kept (unreadable)", upstream.kind)
+            self._cache.kept("unreadable")
             return
         saved = 0
         if record is not None and upstream.rates is not None:
@@ -215,8 +217,11 @@ class CachedRequest:
             saved_nano_usd=saved,
         )
         encoded = _encode_entry(entry)
-        if len(encoded) <= self._cache.max_entry_bytes:
-            await self._cache.store.put(self.key, encoded, self.scope.ttl_s)
+        if len(encoded) > self._cache.max_entry_bytes:
+            self._cache.kept("too_large")
+            return
+        await self._cache.store.put(self.key, encoded, self.scope.ttl_s)
+        self._cache.kept("stored")
 
 
 class ResponseCache:
@@ -228,10 +233,22 @@ class ResponseCache:
         *,
         max_entry_bytes: int,
         wall: Callable[[], float] = time.time,
+        lookups: Tally | None = None,
+        stores: Tally | None = None,
     ) -> None:
         self.store = store
         self.max_entry_bytes = max_entry_bytes
         self.wall = wall
+        self._lookups = lookups
+        self._stores = stores
+
+    def counted(self, request: CachedRequest) -> None:
+        if self._lookups is not None:
+            self._lookups.add((request.mode,))
+
+    def kept(self, result: str) -> None:
+        if self._stores is not None:
+            self._stores.add((result,))
 
     async def lookup(
         self, scope: Scope, runtime: KeyRuntime, route: str, prepared: Prepared
@@ -255,6 +272,7 @@ class ResponseCache:
                 if entry is not None and entry.format == wire.value:
                     request.hit = entry
                     request.mode = "hit"
+        self.counted(request)
         return request
 
     async def close(self) -> None:

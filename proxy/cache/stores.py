@@ -24,6 +24,10 @@ class CacheStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def stats(self) -> tuple[int | None, int | None, int | None]:
+        """(entries, bytes) held in process, and Redis errors: None where it does not apply."""
+        ...
+
 
 class MemoryStore:
     """Least recently used entries go first once the bytes held would exceed `max_bytes`; an
@@ -68,6 +72,9 @@ class MemoryStore:
         self._entries.clear()
         self.bytes = 0
 
+    def stats(self) -> tuple[int | None, int | None, int | None]:
+        return len(self._entries), self.bytes, None
+
 
 def _size(key: bytes, value: bytes) -> int:
     return len(key) + len(value) + _ENTRY_OVERHEAD
@@ -111,3 +118,6 @@ class RedisStore:
 
     async def close(self) -> None:
         """The client is the process's: whoever made it closes it."""
+
+    def stats(self) -> tuple[int | None, int | None, int | None]:
+        return None, None, self.failures

@@ -129,6 +129,9 @@ class Sources:
     """(serving from in-process counters now, calls served so) while Redis is configured."""
     limits_leases: Callable[[], LeaseStats] | None = None
     """What the leases of the shared counters did, while Redis is configured."""
+    response_cache: Callable[[], tuple[int | None, int | None, int | None]] | None = None
+    """The response cache's (entries, bytes) in process, or its Redis errors (None where it
+    does not apply)."""
 
 
 class ProxyMetrics(Collector):
@@ -179,6 +182,18 @@ class ProxyMetrics(Collector):
             "Requests refused 402 budget_exceeded, by the refusing budget's scope",
             ("scope",),
         )
+        self.cache_lookups = Tally(
+            "vkgate_response_cache_lookups",
+            "Requests a cache rule covers, by what the cache did: hit, miss, refresh "
+            "(Cache-Control: no-cache), bypass (no-store)",
+            ("result",),
+        )
+        self.cache_stores = Tally(
+            "vkgate_response_cache_stores",
+            "Answers of misses and refreshes, by what became of them: stored, not_stored (not "
+            "a whole 2xx answer), too_large (over VKGATE_CACHE_MAX_ENTRY_BYTES), unreadable",
+            ("result",),
+        )
         self.sources = Sources()
         self.provider_names: dict[str, str] = {}
         """Provider id -> name, learnt from requests, for the breaker gauge's labels."""
@@ -197,6 +212,8 @@ class ProxyMetrics(Collector):
             self.fallbacks,
             self.limit_refusals,
             self.budget_refusals,
+            self.cache_lookups,
+            self.cache_stores,
         ):
             yield tally.family()
         for timings in (self.duration, self.first_byte, self.upstream):
@@ -278,9 +295,32 @@ class ProxyMetrics(Collector):
 
         if sources.limits_leases is not None:
             yield from _lease_families(sources.limits_leases())
+        if sources.response_cache is not None:
+            yield from _cache_families(*sources.response_cache())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _cache_families(
+    entries: int | None, size: int | None, redis_errors: int | None
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    if entries is not None:
+        yield GaugeMetricFamily(
+            "vkgate_response_cache_entries", "Answers the in-process cache holds", value=entries
+        )
+    if size is not None:
+        yield GaugeMetricFamily(
+            "vkgate_response_cache_bytes",
+            "Bytes the in-process cache holds, of VKGATE_CACHE_MAX_BYTES",
+            value=size,
+        )
+    if redis_errors is not None:
+        yield CounterMetricFamily(
+            "vkgate_response_cache_redis_errors",
+            "Response-cache calls Redis could not serve (each a miss, or an answer not kept)",
+            value=redis_errors,
+        )
 
 
 def _lease_families(stats: LeaseStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -217,6 +217,11 @@ async def test_a_repeated_chat_is_answered_from_the_cache_without_a_provider_cal
     assert second.model_dump() == first.model_dump()
     assert whole(second)["reasoning_content"] == "".join(REASONING)
     assert int(raw.headers["age"]) >= 0
+    metrics = proxy.metrics.render().decode()
+    assert 'vkgate_response_cache_lookups_total{result="hit"} 2.0' in metrics
+    assert 'vkgate_response_cache_lookups_total{result="miss"} 1.0' in metrics
+    assert 'vkgate_response_cache_stores_total{result="stored"} 1.0' in metrics
+    assert "vkgate_response_cache_entries 1.0" in metrics
 
 
 async def test_a_stream_is_replayed_from_a_plain_entry_with_everything_the_answer_had(
