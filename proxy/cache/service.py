@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -263,7 +263,14 @@ class ResponseCache:
             return None
         wire = WireFormat.ANTHROPIC if route == "/v1/messages" else WireFormat.OPENAI
         stream = bool(doc.get("stream"))
-        key = cache_key(runtime.organization_id, rule.namespace, route, prepared.model, doc)
+        key = cache_key(
+            runtime.organization_id,
+            rule.namespace,
+            route,
+            prepared.model,
+            doc,
+            prepared.exchange.same_format_headers,
+        )
         request = CachedRequest(self, key, rule, _mode(scope), wire, stream, doc)
         if request.mode == "miss":
             found = await self.store.get(key)
@@ -296,11 +303,17 @@ def _entry(data: bytes) -> CachedAnswer | None:
 
 
 def cache_key(
-    organization_id: str, namespace: bytes, route: str, alias: str, doc: dict[str, Any]
+    organization_id: str,
+    namespace: bytes,
+    route: str,
+    alias: str,
+    doc: dict[str, Any],
+    headers: Mapping[str, str] | None = None,
 ) -> bytes:
     """The entry's key: a SHA-256 of everything that decides the answer and its scope. The body
     is normalised (key order, whitespace) with the fields that do not change the answer left
-    out: `stream`, `user`, `stream_options`, and Anthropic's `metadata.user_id`."""
+    out: `stream`, `user`, `stream_options`, and Anthropic's `metadata.user_id`. `headers` are
+    the client's headers that shape the answer too (Anthropic's version and betas)."""
     normal = {k: v for k, v in doc.items() if k not in _LEFT_OUT}
     metadata = normal.get("metadata")
     if route == "/v1/messages" and isinstance(metadata, dict) and "user_id" in metadata:
@@ -312,6 +325,9 @@ def cache_key(
     digest = hashlib.sha256(_KEY_VERSION)
     for part in (organization_id.encode(), namespace, route.encode(), alias.encode()):
         digest.update(part)
+        digest.update(b"\x00")
+    if headers:
+        digest.update(_normal.encode(dict(headers)))
         digest.update(b"\x00")
     digest.update(_normal.encode(normal))
     return digest.hexdigest().encode()

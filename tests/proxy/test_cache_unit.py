@@ -44,6 +44,11 @@ def test_the_key_ignores_key_order_delivery_and_who_asked() -> None:
     message = {"model": "chat", "max_tokens": 5, "messages": [], "metadata": {"user_id": "bob"}}
     anonymous = {k: v for k, v in message.items() if k != "metadata"}
     assert key(message, "/v1/messages") == key(anonymous, "/v1/messages")
+    # Anthropic's version and betas shape the answer: part of the key.
+    version = {"anthropic-version": "2023-06-01"}
+    beta = {**version, "anthropic-beta": "interleaved-thinking-2025-05-14"}
+    messages = [cache_key("o", b"n", "/v1/messages", "c", message, h) for h in (version, beta)]
+    assert messages[0] != messages[1]
 
 
 @pytest.mark.parametrize(
