@@ -24,8 +24,8 @@ class CacheStore(Protocol):
 
     async def close(self) -> None: ...
 
-    def stats(self) -> tuple[int | None, int | None, int | None]:
-        """(entries, bytes) held in process, and Redis errors: None where it does not apply."""
+    def stats(self) -> tuple[int, int, int]:
+        """(entries, bytes) held in process, and the calls Redis could not serve."""
         ...
 
 
@@ -72,8 +72,8 @@ class MemoryStore:
         self._entries.clear()
         self.bytes = 0
 
-    def stats(self) -> tuple[int | None, int | None, int | None]:
-        return len(self._entries), self.bytes, None
+    def stats(self) -> tuple[int, int, int]:
+        return len(self._entries), self.bytes, 0
 
 
 def _size(key: bytes, value: bytes) -> int:
@@ -119,5 +119,5 @@ class RedisStore:
     async def close(self) -> None:
         """The client is the process's: whoever made it closes it."""
 
-    def stats(self) -> tuple[int | None, int | None, int | None]:
-        return None, None, self.failures
+    def stats(self) -> tuple[int, int, int]:
+        return 0, 0, self.failures

@@ -129,9 +129,8 @@ class Sources:
     """(serving from in-process counters now, calls served so) while Redis is configured."""
     limits_leases: Callable[[], LeaseStats] | None = None
     """What the leases of the shared counters did, while Redis is configured."""
-    response_cache: Callable[[], tuple[int | None, int | None, int | None]] | None = None
-    """The response cache's (entries, bytes) in process, or its Redis errors (None where it
-    does not apply)."""
+    response_cache: Callable[[], tuple[int, int, int]] | None = None
+    """The response cache's (entries, bytes) in process, and its calls Redis could not serve."""
 
 
 class ProxyMetrics(Collector):
@@ -303,24 +302,23 @@ class ProxyMetrics(Collector):
 
 
 def _cache_families(
-    entries: int | None, size: int | None, redis_errors: int | None
+    entries: int, size: int, redis_errors: int
 ) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-    if entries is not None:
-        yield GaugeMetricFamily(
-            "vkgate_response_cache_entries", "Answers the in-process cache holds", value=entries
-        )
-    if size is not None:
-        yield GaugeMetricFamily(
-            "vkgate_response_cache_bytes",
-            "Bytes the in-process cache holds, of VKGATE_CACHE_MAX_BYTES",
-            value=size,
-        )
-    if redis_errors is not None:
-        yield CounterMetricFamily(
-            "vkgate_response_cache_redis_errors",
-            "Response-cache calls Redis could not serve (each a miss, or an answer not kept)",
-            value=redis_errors,
-        )
+    yield GaugeMetricFamily(
+        "vkgate_response_cache_entries",
+        "Answers the in-process response cache holds (0 with Redis)",
+        value=entries,
+    )
+    yield GaugeMetricFamily(
+        "vkgate_response_cache_bytes",
+        "Bytes the in-process response cache holds, of VKGATE_CACHE_MAX_BYTES (0 with Redis)",
+        value=size,
+    )
+    yield CounterMetricFamily(
+        "vkgate_response_cache_redis_errors",
+        "Response-cache calls Redis could not serve, each a miss or an answer not kept",
+        value=redis_errors,
+    )
 
 
 def _lease_families(stats: LeaseStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

@@ -102,7 +102,7 @@ async def test_the_memory_store_keeps_within_its_bytes_and_drops_what_lapsed() -
     clock.elapse(11)
     assert await store.get(b"a") is None
     assert await store.get(b"c") is not None
-    assert store.stats() == (1, store.bytes, None)
+    assert store.stats() == (1, store.bytes, 0)
 
 
 def sse(events: list[bytes]) -> bytes:
