@@ -18,6 +18,7 @@ import openai
 import pytest
 from litestar import Litestar
 
+from proxy.app import Running
 from tests.proxy.conftest import (
     RunningProxy,
     Tenant,
@@ -27,7 +28,7 @@ from tests.proxy.conftest import (
     proxy_settings,
     serve_proxy,
 )
-from tests.proxy.test_spend_ledger import drained, report
+from tests.proxy.test_spend_ledger import report
 from tests.support.api import ADMIN, create
 from tests.support.clock import ManualClock
 from tests.support.fake_reasoning import (
@@ -55,6 +56,21 @@ TOOLS: Any = [
 PRICE = {"input_per_mtok": "2.5", "output_per_mtok": "10"}
 """The chat model's price: 120 input and 80 output tokens cost $0.0011."""
 CHAT_COST = Decimal("0.0011")
+
+
+async def drained(proxy: RunningProxy, records: int, within_s: float = 30.0) -> None:
+    """Every record written, sealed and in the ledger: shipped here, or by the drainer's own
+    pass if it got there first."""
+    running: Running = proxy.app.state["running"]
+    assert running.spool is not None and running.drainer is not None
+    assert running.spool.seq == records
+    await running.spool.seal_async()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while running.spool.pending_segments():
+        assert loop.time() < deadline, "the spool was not shipped"
+        await running.drainer.ship_ready()
+        await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -448,6 +464,16 @@ async def test_a_hit_costs_nothing_and_the_report_says_what_it_saved(
     assert Decimal(totals["saved_usd"]) == 3 * CHAT_COST
     # One call's tokens: a hit uses none.
     assert (totals["input_tokens"], totals["output_tokens"]) == (120, 80)
+    ledger = await client.get(
+        "/api/spend/ledger", params={"organization_id": cached.tenant.org}, headers=ADMIN
+    )
+    confirms = [row for row in ledger.json()["data"] if row["kind"] == "confirm"]
+    hits = [row for row in confirms if row["cache_hit"]]
+    assert len(hits) == 3
+    for row in hits:
+        assert (row["cost_usd"], Decimal(row["saved_usd"])) == ("0", CHAT_COST)
+        assert (row["input_tokens"], row["output_tokens"], row["attempts"]) == (0, 0, 0)
+        assert (row["provider_id"], row["served_model"]) == (cached.tenant.provider, "r1")
     csv = await client.get(
         "/api/spend/report",
         params={"organization_id": cached.tenant.org, "format": "csv", "group_by": "model"},
