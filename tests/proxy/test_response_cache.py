@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -41,6 +42,7 @@ from tests.support.fake_reasoning import (
     serve_fake_reasoning,
 )
 from tests.support.processes import free_port
+from tests.support.redis_servers import redis_cluster, redis_server
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 HELLO: Any = [{"role": "user", "content": "hello"}]
@@ -518,3 +520,45 @@ async def test_a_redis_that_cannot_answer_is_a_miss_never_an_error(
     assert stream_header == "miss"
     assert added_up(chunks)["content"] == "".join(TEXT)
     assert len(cached.fake.calls) == 3
+
+
+async def test_a_redis_that_goes_away_is_a_miss_and_serves_again_when_it_is_back(
+    app: Litestar, client: httpx.AsyncClient, clock: ManualClock, cached: Cached, tmp_path: Path
+) -> None:
+    with redis_server(tmp_path / "redis") as redis:
+        settings = proxy_settings(redis_url=redis.url)
+        async with (
+            serve_proxy(app, clock, settings) as proxy,
+            proxy.openai(cached.tenant.key) as sdk,
+        ):
+            assert [(await chat(sdk))[0] for _ in range(2)] == ["miss", "hit"]
+            redis.stop()
+            down = [await chat(sdk) for _ in range(2)]
+            assert [header for header, _ in down] == ["miss", "miss"]
+            assert all(whole(answer)["content"] == "".join(TEXT) for _, answer in down)
+            metrics = proxy.metrics.render().decode().splitlines()
+            [errors] = [m for m in metrics if m.startswith("vkgate_response_cache_redis_errors")]
+            assert float(errors.split()[-1]) >= 2, "each lookup and each store that failed"
+            redis.start()
+            # Back (an empty Redis: it keeps nothing on disk): stored again, then served.
+            headers = [(await chat(sdk))[0] for _ in range(2)]
+    assert headers == ["miss", "hit"]
+    assert len(cached.fake.calls) == 4
+
+
+async def test_proxies_share_the_cache_through_a_redis_cluster(
+    app: Litestar, client: httpx.AsyncClient, clock: ManualClock, cached: Cached, tmp_path: Path
+) -> None:
+    with redis_cluster(tmp_path / "cluster") as cluster:
+        settings = {"redis_url": cluster.url, "redis_cluster": True}
+        async with (
+            serve_proxy(app, clock, proxy_settings(**settings)) as first,
+            serve_proxy(app, clock, proxy_settings(**settings)) as second,
+        ):
+            async with first.openai(cached.tenant.key) as sdk:
+                assert (await chat(sdk))[0] == "miss"
+                assert (await chat(sdk, model="chat", temperature=0.5))[0] == "miss"
+            async with second.openai(cached.tenant.key) as sdk:
+                assert (await chat(sdk))[0] == "hit"
+                assert (await chat(sdk, model="chat", temperature=0.5))[0] == "hit"
+    assert len(cached.fake.calls) == 2
