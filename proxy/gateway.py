@@ -39,7 +39,7 @@ from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.gemini_api import METHODS as GEMINI_METHODS
 from proxy.gemini_api import GeminiApi
-from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
+from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst, check_end_user
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
 from proxy.limits.guard import Governor, Hold
@@ -440,6 +440,7 @@ class Gateway:
                 if cached is not None and cached.hit is not None:
                     # A hit is counted by the key's request rate limits, never by its budgets
                     # (it costs nothing), and answered without a provider call.
+                    check_end_user(runtime.budget_rules, prepared.end_user)
                     hold = await self._rate_hold(runtime)
                     headers = hold.headers if hold is not None else ()
                     await cached.serve(send, head.request_id, headers, outcome, self._now)

@@ -488,6 +488,31 @@ async def test_a_hit_costs_nothing_and_the_report_says_what_it_saved(
     )
 
 
+async def test_a_hit_names_its_end_user_where_a_budget_gives_each_one_an_allowance(
+    proxy: RunningProxy, client: httpx.AsyncClient, cached: Cached
+) -> None:
+    await create(
+        client,
+        "/api/admin/budgets",
+        {
+            "organization_id": cached.tenant.org,
+            "scope": {"kind": "end_user"},
+            "window": "day",
+            "limit_usd": "10",
+        },
+    )
+    _, key = await add_key(client, cached.tenant)
+    async with proxy.openai(key) as sdk:
+        assert (await chat(sdk, user="alice"))[0] == "miss"
+        # Who asks is no part of the entry's key: another end user's request is a hit.
+        assert (await chat(sdk, user="bob"))[0] == "hit"
+        # Refused as the same request would be on a miss, though a hit moves no budget.
+        with pytest.raises(openai.BadRequestError) as refused:
+            await chat(sdk)
+    assert refused.value.response.json()["error"]["code"] == "end_user_required"
+    assert len(cached.fake.calls) == 1
+
+
 async def test_two_proxies_share_the_cache_through_redis(
     app: Litestar, client: httpx.AsyncClient, clock: ManualClock, cached: Cached
 ) -> None:
