@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from vkgate.spend import SpendRecord
 
 HEADER = b"x-vkgate-cache"
-CACHED_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages"})
-"""The routes whose answers are cached: chat completions and Anthropic messages."""
+CACHED_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/embeddings"})
+"""The routes whose answers are cached: chat completions, Anthropic messages, embeddings."""
 _LEFT_OUT = ("stream", "user", "stream_options")
 """Request fields that do not change the answer (how it is delivered, who asked)."""
 _KEY_VERSION = b"vkgate-cache-v1\x00"

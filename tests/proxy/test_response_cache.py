@@ -32,6 +32,7 @@ from tests.proxy.conftest import (
 from tests.proxy.test_spend_ledger import report
 from tests.support.api import ADMIN, create
 from tests.support.clock import ManualClock
+from tests.support.fake_openai import FakeOpenAI
 from tests.support.fake_reasoning import (
     API_KEY,
     REASONING,
@@ -321,6 +322,24 @@ async def test_anthropic_messages_hit_plain_and_streamed_with_thinking_and_tool_
     assert tool.type == "tool_use" and tool.input == {"city": "Paris"}
     assert plain.stop_reason == "tool_use"
     assert plain.usage.output_tokens == 80 and plain.usage.cache_read_input_tokens == 20
+
+
+async def test_embeddings_are_answered_from_the_cache(
+    proxy: RunningProxy, client: httpx.AsyncClient, tenant: Tenant, fake_openai: FakeOpenAI
+) -> None:
+    await cache_rule(client, tenant.org, {"kind": "organization"}, models=["embed"])
+    async with proxy.openai(tenant.key) as sdk:
+        answers = [
+            await sdk.embeddings.with_raw_response.create(model="embed", input=["one", "two"])
+            for _ in range(2)
+        ]
+        other = await sdk.embeddings.with_raw_response.create(model="embed", input=["three"])
+    assert [a.headers["x-vkgate-cache"] for a in answers] == ["miss", "hit"]
+    assert other.headers["x-vkgate-cache"] == "miss"
+    first, second = (a.parse() for a in answers)
+    assert second.model_dump() == first.model_dump()
+    assert len(second.data) == 2
+    assert len([r for r in fake_openai.received if r.path.endswith("/embeddings")]) == 2
 
 
 async def test_no_cache_refreshes_and_no_store_bypasses(
