@@ -353,6 +353,10 @@ async def test_no_cache_refreshes_and_no_store_bypasses(
         refresh = (await chat(sdk, headers={"Cache-Control": "no-cache"}))[0]
         bypass_again = (await chat(sdk, headers={"cache-control": "max-age=60, no-store"}))[0]
         again = (await chat(sdk))[0]
+        streamed = [
+            await chat_stream(sdk, include_usage=True, headers=headers)
+            for headers in ({"Cache-Control": "no-store"}, {"Cache-Control": "no-cache"}, None)
+        ]
     assert [bypass, miss, hit, refresh, bypass_again, again] == [
         "bypass",
         "miss",
@@ -361,7 +365,10 @@ async def test_no_cache_refreshes_and_no_store_bypasses(
         "bypass",
         "hit",
     ]
-    assert len(cached.fake.calls) == 4
+    assert [header for header, _ in streamed] == ["bypass", "refresh", "hit"]
+    # Whatever the cache did, the client got the same answer.
+    assert len({repr(added_up(chunks)) for _, chunks in streamed}) == 1
+    assert len(cached.fake.calls) == 6
 
 
 async def test_an_entry_is_never_served_outside_the_scope_that_stored_it(
