@@ -36,6 +36,8 @@ CACHED_ROUTES = frozenset({"/v1/chat/completions", "/v1/messages", "/v1/embeddin
 _LEFT_OUT = ("stream", "user", "stream_options")
 """Request fields that do not change the answer (how it is delivered, who asked)."""
 _KEY_VERSION = b"vkgate-cache-v1\x00"
+STREAM_RECORDING_FACTOR = 4
+"""A stream is recorded up to this many times `VKGATE_CACHE_MAX_ENTRY_BYTES`."""
 _normal = msgspec.json.Encoder(order="sorted")
 
 
@@ -126,7 +128,12 @@ class CachedRequest:
         """`send`, recording the answer when it may be stored."""
         if self.mode == "bypass":
             return send
-        self.recorder = Recorder(send, self._cache.max_entry_bytes)
+        limit = self._cache.max_entry_bytes
+        if self.stream:
+            # A stream's events take several times the bytes of the answer they add up to;
+            # the entry made of them is held to the bound itself.
+            limit *= STREAM_RECORDING_FACTOR
+        self.recorder = Recorder(send, limit)
         return self.recorder
 
     async def serve(

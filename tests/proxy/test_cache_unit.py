@@ -9,10 +9,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from proxy.asgi import Message
 from proxy.cache import _anthropic, _openai
 from proxy.cache._events import NotAnAnswer
 from proxy.cache.rules import compile_rules
-from proxy.cache.service import _mode, cache_key
+from proxy.cache.service import Recorder, _mode, cache_key
 from proxy.cache.stores import MemoryStore
 from proxy.usage import TokenUsage
 from tests.support.clock import ManualClock
@@ -171,3 +172,22 @@ def test_a_replayed_anthropic_stream_opens_each_block_empty_then_fills_it() -> N
     assert frames[0]["message"]["usage"]["output_tokens"] == 0
     assert frames[-2]["usage"]["output_tokens"] == 80
     assert msgspec.json.decode(msgspec.json.encode(frames))
+
+
+async def test_the_recorder_passes_everything_on_and_stops_keeping_past_its_bound() -> None:
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    recorder = Recorder(send, limit=10)
+    messages: list[Message] = [
+        {"type": "http.response.start", "status": 200, "headers": []},
+        {"type": "http.response.body", "body": b"123456", "more_body": True},
+        {"type": "http.response.body", "body": b"789012", "more_body": False},
+    ]
+    for message in messages:
+        await recorder(message)
+    assert sent == messages
+    assert (recorder.status, recorder.ended, recorder.overflowed) == (200, True, True)
+    assert recorder.parts == [], "nothing half kept"
