@@ -244,9 +244,12 @@ def _response_cache(
     if client is None:
         store = MemoryStore(settings.cache_max_bytes, clock.monotonic)
     else:
+        import redis.exceptions
+
         from proxy.limits.fallback import UNREACHABLE
 
-        store = RedisStore(client, UNREACHABLE)
+        # Any trouble of Redis's is a miss (or an answer not kept), never the request's error.
+        store = RedisStore(client, (*UNREACHABLE, redis.exceptions.RedisError))
     metrics.sources.response_cache = store.stats
     return ResponseCache(
         store,
