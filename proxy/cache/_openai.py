@@ -15,6 +15,9 @@ _TEXT_FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
 """Fields of a message that stream as text deltas: the answer, a refusal, and the reasoning
 some OpenAI-format servers (vLLM, DeepSeek, OpenRouter) send beside it."""
 _CARRIED = ("system_fingerprint", "service_tier")
+_KNOWN = frozenset(("role", "tool_calls", "function_call", *_TEXT_FIELDS))
+"""Message fields read apart; any other (`annotations`, `audio`, a vendor's own) is kept as
+it came: lists added up, anything else as last sent."""
 
 
 def assemble(stream: bytes, usage: TokenUsage | None) -> dict[str, Any]:
@@ -59,6 +62,13 @@ def _add(choices: dict[int, dict[str, Any]], part: dict[str, Any]) -> None:
     for name in _TEXT_FIELDS:
         if isinstance(delta.get(name), str):
             texts.setdefault(name, []).append(delta[name])
+    for name, value in delta.items():
+        if name in _KNOWN or value is None:
+            continue
+        if isinstance(value, list) and isinstance(message.get(name), list):
+            message[name] = [*message[name], *value]
+        else:
+            message[name] = value
     for call in delta.get("tool_calls") or ():
         known = choice["calls"].setdefault(
             call.get("index", 0), {"type": "function", "function": {"name": "", "arguments": []}}
@@ -139,6 +149,9 @@ def replay(answer: dict[str, Any], *, with_usage: bool) -> bytes:
             chunk(index, {"refusal": message["refusal"]})
         for position, call in enumerate(message.get("tool_calls") or ()):
             chunk(index, {"tool_calls": [{"index": position, **call}]})
+        others = {k: v for k, v in message.items() if k not in _KNOWN and v is not None}
+        if others:
+            chunk(index, others)
         if choice.get("logprobs"):
             # Kept whole on the finishing chunk: a client adding them up gets the same list.
             out.extend(

@@ -191,3 +191,40 @@ async def test_the_recorder_passes_everything_on_and_stops_keeping_past_its_boun
     assert sent == messages
     assert (recorder.status, recorder.ended, recorder.overflowed) == (200, True, True)
     assert recorder.parts == [], "nothing half kept"
+
+
+def test_message_fields_read_apart_from_none_are_kept_both_ways() -> None:
+    """Web-search annotations, audio, a vendor's own fields: whatever the answer had."""
+    annotation = {"type": "url_citation", "url_citation": {"url": "https://example.com"}}
+    plain: dict[str, Any] = {
+        "id": "c1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "See example.com.",
+                    "refusal": None,
+                    "annotations": [annotation],
+                    "audio": {"id": "audio_1", "transcript": "See example.com."},
+                },
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    assembled = _openai.assemble(_openai.replay(plain, with_usage=False), None)
+    assert assembled["choices"][0]["message"] == plain["choices"][0]["message"]
+    split = [
+        b'data: {"id":"c1","created":1,"model":"m","choices":[{"index":0,"delta":'
+        b'{"role":"assistant","content":"x","annotations":[1]}}]}\n\n',
+        b'data: {"id":"c1","created":1,"model":"m","choices":[{"index":0,"delta":'
+        b'{"annotations":[2]},"finish_reason":"stop"}]}\n\n',
+    ]
+    assert _openai.assemble(b"".join(split), None)["choices"][0]["message"]["annotations"] == [
+        1,
+        2,
+    ]
