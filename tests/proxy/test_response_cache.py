@@ -342,6 +342,26 @@ async def test_embeddings_are_answered_from_the_cache(
     assert len([r for r in fake_openai.received if r.path.endswith("/embeddings")]) == 2
 
 
+async def test_a_translated_answer_is_cached_in_the_clients_format(
+    proxy: RunningProxy, cached: Cached
+) -> None:
+    """An OpenAI client's request routed to an Anthropic credential: the entry is the answer
+    the client got, in OpenAI's format, and a streamed hit replays it so."""
+    async with proxy.openai(cached.tenant.key) as sdk:
+        header, plain = await chat(sdk, model="claude", max_tokens=256)
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="claude", messages=HELLO, tools=TOOLS, max_tokens=256, stream=True
+        )
+        chunks = [chunk async for chunk in raw.parse()]
+    assert (header, raw.headers["x-vkgate-cache"]) == ("miss", "hit")
+    assert len(cached.fake.calls) == 1
+    replayed = added_up(chunks)
+    assert replayed == {**whole(plain), "usage": None}
+    assert replayed["content"] == "".join(TEXT)
+    assert replayed["tool_calls"] == [("toolu_weather_1", "weather")]
+    assert replayed["finish_reason"] == "tool_calls"
+
+
 async def test_no_cache_refreshes_and_no_store_bypasses(
     proxy: RunningProxy, cached: Cached
 ) -> None:
