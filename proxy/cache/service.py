@@ -278,14 +278,19 @@ class ResponseCache:
             doc,
             prepared.exchange.same_format_headers,
         )
-        request = CachedRequest(self, key, rule, _mode(scope), wire, stream, doc)
-        if request.mode == "miss":
+        mode, max_age = _directives(scope)
+        request = CachedRequest(self, key, rule, mode, wire, stream, doc)
+        if mode == "miss":
             found = await self.store.get(key)
             if found is not None:
                 entry = _entry(found)
                 if entry is not None and entry.format == wire.value:
-                    request.hit = entry
-                    request.mode = "hit"
+                    if max_age is not None and self.wall() - entry.stored_at > max_age:
+                        # Older than the client takes: asked again, and replaced.
+                        request.mode = "refresh"
+                    else:
+                        request.hit = entry
+                        request.mode = "hit"
         self.counted(request)
         return request
 
@@ -340,16 +345,23 @@ def cache_key(
     return digest.hexdigest().encode()
 
 
-def _mode(scope: Scope) -> str:
-    """What the request's `Cache-Control` asks: `no-store` bypasses the cache, `no-cache` (or
-    `max-age=0`) refreshes the entry; anything else may be served from it."""
-    mode = "miss"
+def _directives(scope: Scope) -> tuple[str, int | None]:
+    """What the request's `Cache-Control` asks (RFC 9111), and the oldest answer it takes in
+    seconds: `no-store` bypasses the cache, `no-cache` (or `max-age=0`) refreshes the entry,
+    `max-age=N` refreshes one older than N seconds; anything else may be served from it."""
+    mode, max_age = "miss", None
     for name, value in scope["headers"]:
         if name == b"cache-control":
             for token in value.decode("latin-1").lower().split(","):
                 directive = token.strip()
                 if directive == "no-store":
-                    return "bypass"
-                if directive in ("no-cache", "max-age=0"):
+                    return "bypass", None
+                if directive == "no-cache":
                     mode = "refresh"
-    return mode
+                elif directive.startswith("max-age="):
+                    seconds = directive[8:].strip().strip('"')
+                    if seconds.isdigit():
+                        max_age = int(seconds) if max_age is None else min(max_age, int(seconds))
+    if max_age == 0:
+        mode = "refresh"
+    return mode, max_age

@@ -13,7 +13,7 @@ from proxy.asgi import Message
 from proxy.cache import _anthropic, _openai
 from proxy.cache._events import NotAnAnswer
 from proxy.cache.rules import compile_rules
-from proxy.cache.service import Recorder, _mode, cache_key
+from proxy.cache.service import Recorder, _directives, cache_key
 from proxy.cache.stores import MemoryStore
 from proxy.usage import TokenUsage
 from tests.support.clock import ManualClock
@@ -53,18 +53,22 @@ def test_the_key_ignores_key_order_delivery_and_who_asked() -> None:
 
 
 @pytest.mark.parametrize(
-    ("headers", "mode"),
+    ("headers", "directives"),
     [
-        ([], "miss"),
-        ([(b"cache-control", b"no-cache")], "refresh"),
-        ([(b"cache-control", b"max-age=0")], "refresh"),
-        ([(b"cache-control", b"No-Cache, max-age=5")], "refresh"),
-        ([(b"cache-control", b"no-cache, no-store")], "bypass"),
-        ([(b"cache-control", b"max-age=60")], "miss"),
+        ([], ("miss", None)),
+        ([(b"cache-control", b"no-cache")], ("refresh", None)),
+        ([(b"cache-control", b"max-age=0")], ("refresh", 0)),
+        ([(b"cache-control", b"No-Cache, max-age=5")], ("refresh", 5)),
+        ([(b"cache-control", b"no-cache, no-store")], ("bypass", None)),
+        ([(b"cache-control", b"max-age=60")], ("miss", 60)),
+        ([(b"cache-control", b"max-age=60"), (b"cache-control", b"max-age=30")], ("miss", 30)),
+        ([(b"cache-control", b"max-age=soon")], ("miss", None)),
     ],
 )
-def test_cache_control_refreshes_or_bypasses(headers: list[tuple[bytes, bytes]], mode: str) -> None:
-    assert _mode({"headers": [(b"authorization", b"Bearer vk-x"), *headers]}) == mode
+def test_cache_control_refreshes_or_bypasses(
+    headers: list[tuple[bytes, bytes]], directives: tuple[str, int | None]
+) -> None:
+    assert _directives({"headers": [(b"authorization", b"Bearer vk-x"), *headers]}) == directives
 
 
 def test_the_narrowest_rule_matching_an_alias_decides_its_scope_and_ttl() -> None:

@@ -391,6 +391,26 @@ async def test_no_cache_refreshes_and_no_store_bypasses(
     assert len(cached.fake.calls) == 6
 
 
+async def test_an_entry_older_than_the_clients_max_age_is_refreshed(
+    proxy: RunningProxy, cached: Cached, clock: ManualClock
+) -> None:
+    async with proxy.openai(cached.tenant.key) as sdk:
+        assert (await chat(sdk))[0] == "miss"
+        clock.advance(120)
+        young = {"Cache-Control": "max-age=60"}
+        old = {"Cache-Control": "max-age=600"}
+        assert [(await chat(sdk, headers=h))[0] for h in (old, young, young)] == [
+            "hit",
+            "refresh",
+            "hit",
+        ]
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="chat", messages=HELLO, tools=TOOLS, extra_headers=young
+        )
+    assert (raw.headers["x-vkgate-cache"], raw.headers["age"]) == ("hit", "0")
+    assert len(cached.fake.calls) == 2
+
+
 async def test_an_entry_is_never_served_outside_the_scope_that_stored_it(
     app: Litestar,
     client: httpx.AsyncClient,
