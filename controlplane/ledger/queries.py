@@ -243,3 +243,37 @@ def unfinished(start: datetime, end: datetime) -> Query:
         "ORDER BY at, id",
         {"start": start, "end": end},
     )
+
+
+OVERVIEW_SETS = ("organization_id", "virtual_key_id", "model")
+"""What the console's overview sums by, each on its own (`set` 0, 1, 2 in the answer)."""
+
+
+def overview(
+    organizations: Sequence[str] | None, month_start: datetime, day_start: datetime, end: datetime
+) -> Query:
+    """This month's and today's served requests, refusals, failures and cost, by organization,
+    by key and by model, in one pass over the month's rows (GROUPING SETS).
+
+    `organizations` None reads every organization (a token bound to none)."""
+    parameters: dict[str, Any] = {"month": month_start, "day": day_start, "end": end}
+    where = f"at >= {{month:{TIME}}} AND at < {{end:{TIME}}}"
+    if organizations is not None:
+        where += " AND organization_id IN {orgs:Array(String)}"
+        parameters["orgs"] = sorted(set(organizations))
+    today = f"at >= {{day:{TIME}}}"
+    measures = []
+    for prefix, condition in (("month_", "1"), ("today_", today)):
+        measures += [
+            f"countIf(kind = 'confirm' AND {condition}) AS {prefix}requests",
+            f"countIf(kind = 'fail' AND refused AND {condition}) AS {prefix}refused",
+            f"countIf(kind = 'fail' AND NOT refused AND {condition}) AS {prefix}failed",
+            f"sumIf(cost_nano_usd, {condition}) AS {prefix}cost_nano_usd",
+        ]
+    sets = ", ".join(f"({c})" for c in OVERVIEW_SETS)
+    return Query(
+        f"SELECT grouping({', '.join(OVERVIEW_SETS)}) AS set_mask, "  # noqa: S608
+        f"{', '.join(OVERVIEW_SETS)}, {', '.join(measures)} "
+        f"FROM ledger_rows FINAL WHERE {where} GROUP BY GROUPING SETS ({sets})",
+        parameters,
+    )

@@ -222,6 +222,16 @@ class Ledger:
     ) -> list[dict[str, Any]]:
         return await self._named(queries.rows(period, after, limit))
 
+    async def overview(
+        self,
+        organizations: Sequence[str] | None,
+        month_start: datetime,
+        day_start: datetime,
+        end: datetime,
+    ) -> list[dict[str, Any]]:
+        """The web console's overview sums (see `queries.overview`)."""
+        return await self._named(queries.overview(organizations, month_start, day_start, end))
+
     async def unfinished(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
         """Admits in [start, end) with no outcome: requests a proxy never finished."""
         return await self._named(queries.unfinished(start, end))

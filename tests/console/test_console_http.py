@@ -1,0 +1,318 @@
+"""The console's sessions, CSRF and authorization over HTTP, on SQLite and on PostgreSQL: the
+same rules as the admin API, since the console calls the same services."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from litestar import Litestar
+
+from controlplane.app import create_app
+from controlplane.db import Database
+from controlplane.settings import ControlPlaneSettings
+from tests.conftest import World, seed_world, serve_in_loop
+from tests.console.support import csrf_of, post_form, sign_in
+from tests.support.api import ADMIN, create
+from tests.support.clock import ManualClock
+from tests.support.env import ADMIN_TOKEN
+from tests.test_spend_report import mixed_traffic
+
+Client = httpx.AsyncClient
+
+
+@pytest.fixture
+def app(settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database) -> Litestar:
+    throttled = dataclasses.replace(settings, admin_auth_failures_per_minute=3)
+    return create_app(throttled, clock=clock, database=clean_database)
+
+
+@pytest.fixture
+async def browser(app: Litestar) -> AsyncIterator[Client]:
+    """A second client with a cookie jar of its own: the console's user."""
+    async with serve_in_loop(app, "http://controlplane.test") as http:
+        yield http
+
+
+async def token(client: Client, role: str, organization_id: str | None = None) -> str:
+    body = {"name": f"{role}-{organization_id}", "role": role}
+    if organization_id:
+        body["organization_id"] = organization_id
+    made = await create(client, "/api/admin/tokens", body)
+    secret: str = made["token"]
+    return secret
+
+
+async def keys_of(client: Client, org: str) -> list[dict[str, str]]:
+    listed = await client.get(f"/api/admin/virtual-keys?organization_id={org}", headers=ADMIN)
+    data: list[dict[str, str]] = listed.json()["data"]
+    return data
+
+
+async def test_sign_in_opens_a_session_cookie_only_the_console_sees_and_sign_out_ends_it(
+    browser: Client,
+) -> None:
+    form = await browser.get("/console/sign-in")
+    assert 'for="token">Token</label>' in form.text and ">Sign in</button>" in form.text
+    signed = await browser.post(
+        "/console/sign-in", data={"csrf_token": csrf_of(form), "token": ADMIN_TOKEN}
+    )
+    cookie = next(
+        v for k, v in signed.headers.multi_items() if k == "set-cookie" and "vkgate_console=" in v
+    )
+    attributes = {part.strip().lower() for part in cookie.split(";")}
+    assert {"httponly", "samesite=strict", "path=/console"} <= attributes
+    assert "secure" not in attributes  # plain HTTP here; Secure under TLS
+    assert ADMIN_TOKEN not in cookie
+
+    overview = await browser.get("/console/")
+    assert overview.status_code == 200
+    assert "<h1>Overview</h1>" in overview.text
+    assert "Times are UTC" in overview.text
+    policy = overview.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "script-src 'self'" in policy
+    assert "unsafe-inline" not in policy
+    assert overview.headers["x-frame-options"] == "DENY"
+    assert overview.headers["cache-control"] == "no-store"
+
+    out = await post_form(browser, "/console/sign-out", csrf_of(overview))
+    assert out.status_code == 303
+    after = await browser.get("/console/")
+    assert after.status_code == 303
+    assert after.headers["location"] == "/console/sign-in"
+
+
+async def test_a_wrong_token_is_refused_without_saying_why_and_the_throttle_applies(
+    browser: Client,
+) -> None:
+    for presented in ("not-a-token", ADMIN_TOKEN[:-1] + "x", "tok_missing-0123456789"):
+        form = await browser.get("/console/sign-in")
+        refused = await browser.post(
+            "/console/sign-in", data={"csrf_token": csrf_of(form), "token": presented}
+        )
+        assert refused.status_code == 401
+        assert "Sign-in failed." in refused.text
+        assert "vkgate_console=" not in refused.headers.get("set-cookie", "")
+    form = await browser.get("/console/sign-in")
+    throttled = await browser.post(
+        "/console/sign-in", data={"csrf_token": csrf_of(form), "token": ADMIN_TOKEN}
+    )
+    assert throttled.status_code == 429
+    assert int(throttled.headers["retry-after"]) > 0
+
+
+async def test_sign_in_without_the_forms_own_token_is_refused(browser: Client) -> None:
+    refused = await browser.post("/console/sign-in", data={"token": ADMIN_TOKEN})
+    assert refused.status_code == 403
+    assert "vkgate_console=" not in refused.headers.get("set-cookie", "")
+
+
+async def test_posts_without_the_sessions_csrf_token_are_refused_and_change_nothing(
+    client: Client, browser: Client
+) -> None:
+    csrf = await sign_in(browser, ADMIN_TOKEN)
+    for sent in (None, "forged-" + csrf[:10]):
+        refused = await post_form(browser, "/console/organizations", sent, name="acme")
+        assert refused.status_code == 403
+        assert "CSRF" in refused.text
+    listed = await client.get("/api/admin/organizations", headers=ADMIN)
+    assert listed.json()["data"] == []
+    made = await post_form(browser, "/console/organizations", csrf, name="acme")
+    assert made.status_code == 303
+    listed = await client.get("/api/admin/organizations", headers=ADMIN)
+    assert [o["name"] for o in listed.json()["data"]] == ["acme"]
+
+
+async def test_an_idle_session_expires_and_an_active_one_does_not(
+    browser: Client, clock: ManualClock
+) -> None:
+    await sign_in(browser, ADMIN_TOKEN)
+    for _ in range(3):  # used every 20 minutes: an hour in all, still signed in
+        clock.elapse(20 * 60)
+        assert (await browser.get("/console/keys")).status_code == 200
+    clock.elapse(30 * 60)
+    expired = await browser.get("/console/keys")
+    assert expired.status_code == 303
+    assert expired.headers["location"] == "/console/sign-in"
+    assert (await browser.get("/console/")).status_code == 303
+
+
+async def test_revoking_the_token_ends_its_console_sessions(
+    client: Client, browser: Client
+) -> None:
+    secret = await token(client, "admin")
+    await sign_in(browser, secret)
+    listed = (await client.get("/api/admin/tokens", headers=ADMIN)).json()["data"]
+    revoked = await client.post(f"/api/admin/tokens/{listed[0]['id']}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200
+    assert (await browser.get("/console/")).status_code == 303
+
+
+async def test_a_finance_token_sees_spend_and_no_mutation_control_and_its_posts_are_403(
+    client: Client, browser: Client, world: World
+) -> None:
+    csrf = await sign_in(browser, await token(client, "finance"))
+    for path in (
+        "/console/",
+        "/console/organizations",
+        "/console/teams",
+        "/console/projects",
+        "/console/keys",
+        "/console/providers",
+        "/console/policies",
+        "/console/budgets",
+        f"/console/spend?organization_id={world.org}",
+        "/console/audit",
+    ):
+        page = await browser.get(path)
+        assert page.status_code == 200, (path, page.text)
+        assert 'method="post"' not in page.text.replace(
+            'method="post" action="/console/sign-out"', ""
+        ), path
+    assert "Download CSV" in (await browser.get(f"/console/spend?organization_id={world.org}")).text
+    assert (await browser.get("/console/tokens")).status_code == 403
+    assert (await browser.get(f"/console/keys/{world.key_id}/revoke")).status_code == 403
+
+    before = await keys_of(client, world.org)
+    forged = [
+        (
+            "/console/keys",
+            {"project_id": world.project, "name": "x", "routing_policy_id": world.policy},
+        ),
+        (f"/console/keys/{world.key_id}/revoke", {}),
+        (f"/console/keys/{world.key_id}/disable", {}),
+        ("/console/organizations", {"name": "evil"}),
+        ("/console/tokens", {"name": "t", "role": "admin"}),
+    ]
+    for path, fields in forged:
+        refused = await post_form(browser, path, csrf, **fields)
+        assert refused.status_code == 403, path
+    assert await keys_of(client, world.org) == before
+
+
+async def test_an_organization_bound_token_sees_only_its_organization(
+    client: Client, browser: Client
+) -> None:
+    ours = await seed_world(client, name="ours")
+    theirs = await seed_world(client, name="theirs")
+    csrf = await sign_in(browser, await token(client, "admin", ours.org))
+
+    keys = await browser.get("/console/keys")
+    assert ours.key_id in keys.text and theirs.key_id not in keys.text
+    providers = await browser.get("/console/providers")
+    assert ours.provider in providers.text and theirs.provider not in providers.text
+    for path in (
+        f"/console/providers/{theirs.provider}",
+        f"/console/policies/{theirs.policy}",
+        f"/console/keys/{theirs.key_id}/revoke",
+        f"/console/spend?organization_id={theirs.org}",
+        f"/console/spend.csv?organization_id={theirs.org}",
+    ):
+        assert (await browser.get(path)).status_code == 404, path
+    for path, fields in (
+        (f"/console/keys/{theirs.key_id}/revoke", {}),
+        (f"/console/providers/{theirs.provider}", {"name": "mine-now"}),
+        ("/console/projects", {"organization_id": theirs.org, "name": "sneaky"}),
+    ):
+        assert (await post_form(browser, path, csrf, **fields)).status_code == 404, path
+    assert [k["status"] for k in await keys_of(client, theirs.org)] == ["active"]
+    # Its own organization's keys it may revoke.
+    assert (
+        await post_form(browser, f"/console/keys/{ours.key_id}/revoke", csrf)
+    ).status_code == 303
+    assert [k["status"] for k in await keys_of(client, ours.org)] == ["revoked"]
+    assert (await browser.get("/console/tokens")).status_code == 403
+    assert ">Tokens<" not in keys.text
+
+
+async def test_a_key_made_in_the_console_is_shown_once_and_listed_without_its_secret(
+    client: Client, browser: Client, world: World
+) -> None:
+    csrf = await sign_in(browser, ADMIN_TOKEN)
+    made = await post_form(
+        browser,
+        "/console/keys",
+        csrf,
+        project_id=world.project,
+        name="from-console",
+        routing_policy_id=world.policy,
+        allowed_models="fast",
+        rpm="60",
+        expires_at="2030-01-01T00:00",
+    )
+    assert made.status_code == 200, made.text
+    assert "it will not be shown again" in made.text
+    assert made.headers["cache-control"] == "no-store"
+    secret = re.search(r'value="(vk-[^"]+)"', made.text)
+    assert secret
+    listed = await browser.get("/console/keys")
+    assert "from-console" in listed.text and secret.group(1) not in listed.text
+    key = next(k for k in await keys_of(client, world.org) if k["name"] == "from-console")
+    assert key["allowed_models"] == ["fast"]
+    assert key["limits"] == {"rpm": 60}
+    assert key["expires_at"] == "2030-01-01T00:00:00Z"
+
+
+async def test_bad_form_input_is_refused_naming_the_field(
+    client: Client, browser: Client, world: World
+) -> None:
+    csrf = await sign_in(browser, ADMIN_TOKEN)
+    refused = await post_form(
+        browser,
+        "/console/budgets",
+        csrf,
+        organization_id=world.org,
+        scope_kind="organization",
+        window="month",
+        limit_usd="ten dollars",
+    )
+    assert refused.status_code == 422
+    assert "limit_usd" in refused.text
+    refused = await post_form(
+        browser,
+        "/console/keys",
+        csrf,
+        project_id=world.project,
+        name="x",
+        routing_policy_id=world.policy,
+        rpm="sixty",
+    )
+    assert refused.status_code == 422
+    assert "Requests a minute must be a whole number" in refused.text
+    budgets = await client.get(f"/api/admin/budgets?organization_id={world.org}", headers=ADMIN)
+    assert budgets.json()["data"] == []
+
+
+async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
+    client: Client, browser: Client, world: World, clock: ManualClock
+) -> None:
+    await mixed_traffic(client, world, clock)
+    await sign_in(browser, ADMIN_TOKEN)
+    query = f"organization_id={world.org}&from=2026-03-01&to=2026-03-11&group_by=team,model"
+    api = await client.get(f"/api/spend/report?{query}&format=csv", headers=ADMIN)
+    console = await browser.get(f"/console/spend.csv?{query}")
+    assert console.status_code == 200
+    assert console.headers["content-type"].startswith("text/csv")
+    assert console.content == api.content
+
+    report = (await client.get(f"/api/spend/report?{query}", headers=ADMIN)).json()
+    page = await browser.get(
+        f"/console/spend?organization_id={world.org}&from=2026-03-01&to=2026-03-11"
+        "&group_by=team&group_by=model"
+    )
+    assert page.status_code == 200
+    assert f"${report['totals']['cost_usd']}<" in page.text
+    for row in report["rows"]:
+        assert f"${row['cost_usd']}<" in page.text
+    assert "<svg" in page.text and "Spend by day, stacked by team" in page.text
+    rows = list(csv.DictReader(io.StringIO(console.text)))
+    assert len(rows) == len(report["rows"])
+
+    overview = await browser.get("/console/")
+    assert "acme" in overview.text
+    assert f"${report['totals']['cost_usd']}<" in overview.text
