@@ -94,7 +94,7 @@ class Page:
                 "prefix": PREFIX,
                 "actor": self.actor,
                 "can_change": self.can_change,
-                "csrf_token": self.session.csrf_token,
+                "csrf_value": self.session.csrf_token,
                 "error": None,
                 **context,
             },

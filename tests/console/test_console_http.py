@@ -17,7 +17,7 @@ from controlplane.app import create_app
 from controlplane.db import Database
 from controlplane.settings import ControlPlaneSettings
 from tests.conftest import World, seed_world, serve_in_loop
-from tests.console.support import csrf_of, post_form, sign_in
+from tests.console.support import CSRF, csrf_of, post_form, sign_in
 from tests.support.api import ADMIN, create
 from tests.support.clock import ManualClock
 from tests.support.env import ADMIN_TOKEN
@@ -116,6 +116,8 @@ async def test_posts_without_the_sessions_csrf_token_are_refused_and_change_noth
     client: Client, browser: Client
 ) -> None:
     csrf = await sign_in(browser, ADMIN_TOKEN)
+    teams = await browser.get("/console/teams")
+    assert set(CSRF.findall(teams.text)) == {csrf}  # every form of the page carries it
     for sent in (None, "forged-" + csrf[:10]):
         refused = await post_form(browser, "/console/organizations", sent, name="acme")
         assert refused.status_code == 403
