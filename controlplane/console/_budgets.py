@@ -6,7 +6,6 @@ own filter), so the page and the proxies agree on what a budget has spent."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -64,15 +63,10 @@ def _filter(budget: Budget, now: datetime) -> SpendFilter:
 
 
 async def statuses(ledger: Ledger, budgets: Sequence[Budget], now: datetime) -> list[BudgetStatus]:
-    """Each budget's current window and spend: one ledger read per organization."""
-    by_org: dict[str, list[Budget]] = defaultdict(list)
-    for budget in budgets:
-        if not (budget.scope_kind == "end_user" and budget.scope_id is None):
-            by_org[budget.organization_id].append(budget)
-    spent: dict[str, int] = {}
-    for organization_id, counted in by_org.items():
-        reading = await ledger.spend(organization_id, [_filter(b, now) for b in counted], now)
-        spent.update({b.id: n for b, n in zip(counted, reading.nanos, strict=True)})
+    """Each budget's current window and spend, in one ledger read."""
+    counted = [b for b in budgets if not (b.scope_kind == "end_user" and b.scope_id is None)]
+    nanos = await ledger.spend_across([(b.organization_id, _filter(b, now)) for b in counted])
+    spent = {b.id: n for b, n in zip(counted, nanos, strict=True)}
     result = []
     for budget in budgets:
         window = _filter(budget, now)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from litestar import Request, get
@@ -23,8 +22,11 @@ TOP = 5
 ORGANIZATIONS_SHOWN = 50
 BUDGETS_READ = 500
 """The overview weighs at most this many budgets (the first by id) for the nearest list."""
-# The bit mask `grouping(organization_id, virtual_key_id, model)` gives each set's rows.
-BY_ORGANIZATION, BY_KEY, BY_MODEL = 0b011, 0b101, 0b110
+MEASURES = tuple(
+    f"{period}_{m}"
+    for period in ("month", "today")
+    for m in ("requests", "refused", "failed", "cost_nano_usd")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +46,14 @@ def _totals(row: dict[str, Any], prefix: str) -> Totals:
     )
 
 
-def _top(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
-    ranked = sorted(rows, key=lambda r: (-int(r["month_cost_nano_usd"]), str(r[column])))
-    return ranked[:TOP]
+def _summed(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """`rows` added up by `column`, most spent first."""
+    sums: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        into = sums.setdefault(row[column], {column: row[column], **dict.fromkeys(MEASURES, 0)})
+        for measure in MEASURES:
+            into[measure] += int(row[measure])
+    return sorted(sums.values(), key=lambda r: (-r["month_cost_nano_usd"], r[column]))
 
 
 @get("/")
@@ -59,19 +66,19 @@ async def overview(request: Request[Any, Any, Any]) -> Template:
     ledger_error = None
     sums: list[dict[str, Any]] = []
     try:
+        # One more key than shown: the requests of no key ('') may rank among them.
         sums = await view.vk.ledger.overview(
-            None if scope is None else [scope], month, day, now + timedelta(seconds=1)
+            None if scope is None else [scope], month, day, TOP + 1
         )
     except Exception as exc:  # the rest of the page still helps while the ledger is away
         log.warning("console overview: ledger read failed: %s", type(exc).__name__)
         ledger_error = "The spend ledger cannot be read right now; figures are missing."
-    by_org = [r for r in sums if r["set_mask"] == BY_ORGANIZATION and r["organization_id"]]
-    by_org.sort(key=lambda r: (-int(r["month_cost_nano_usd"]), r["organization_id"]))
-    by_org = by_org[:ORGANIZATIONS_SHOWN]
-    top_keys = _top(
-        [r for r in sums if r["set_mask"] == BY_KEY and r["virtual_key_id"]], "virtual_key_id"
-    )
-    top_models = _top([r for r in sums if r["set_mask"] == BY_MODEL and r["model"]], "model")
+    # Every ledger row has one model value (maybe ''): an organization's totals are its models'.
+    models = [r for r in sums if r["dimension"] == "model"]
+    by_org = _summed(models, "organization_id")[:ORGANIZATIONS_SHOWN]
+    keys = [r for r in sums if r["dimension"] == "virtual_key" and r["value"]]
+    top_keys = _summed(keys, "value")[:TOP]
+    top_models = _summed([r for r in models if r["value"]], "value")[:TOP]
     async with view.vk.read() as tx:
         org_ids = {r["organization_id"] for r in by_org} | ({scope} if scope else set())
         orgs = await tx.session.execute(
@@ -79,9 +86,7 @@ async def overview(request: Request[Any, Any, Any]) -> Template:
         )
         org_names = {o.id: o.name for o in orgs.scalars()}
         key_rows = await tx.session.scalars(
-            tx.scoped(select(VirtualKey)).where(
-                VirtualKey.id.in_([r["virtual_key_id"] for r in top_keys])
-            )
+            tx.scoped(select(VirtualKey)).where(VirtualKey.id.in_([r["value"] for r in top_keys]))
         )
         key_names = {k.id: k.name for k in key_rows}
         budgets = list(
@@ -117,14 +122,10 @@ async def overview(request: Request[Any, Any, Any]) -> Template:
         month=month,
         organizations=organizations,
         top_keys=[
-            {
-                "id": r["virtual_key_id"],
-                "name": key_names.get(r["virtual_key_id"], ""),
-                "month": _totals(r, "month_"),
-            }
+            {"id": r["value"], "name": key_names.get(r["value"], ""), "month": _totals(r, "month_")}
             for r in top_keys
         ],
-        top_models=[{"model": r["model"], "month": _totals(r, "month_")} for r in top_models],
+        top_models=[{"model": r["value"], "month": _totals(r, "month_")} for r in top_models],
         nearest=nearest,
         error=ledger_error,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import date, timedelta
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -13,6 +14,7 @@ from litestar.response import Template
 
 from controlplane.console import _charts, _choices
 from controlplane.console._core import open_page
+from controlplane.errors import invalid
 from controlplane.ledger.queries import GROUPS
 from controlplane.models import Organization
 from controlplane.spend import reports
@@ -22,6 +24,42 @@ DIMENSIONS = [g for g in GROUPS if g != "route"] + ["route"]
 SERIES = 9
 """Groups drawn apart in the chart; the rest are stacked as one `other`."""
 DEFAULT_GROUPS = ["model"]
+TABLE_ROWS = 200
+"""Rows of the table a page shows (the CSV has them all; the totals count them all)."""
+
+
+def _offset(text: str | None, count: int) -> int:
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > max(count, 0):
+        raise invalid("offset must be a row number this page gave", param="offset")
+    return int(text)
+
+
+def _without_day(rows: list[dict[str, Any]], fields: list[str]) -> list[dict[str, Any]]:
+    """The report by `fields` from the report by day and `fields`: the same integer sums, in
+    the report's own order (its fields ascending, nulls last, as ClickHouse sorts)."""
+    summed: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        group = tuple(row[f] for f in fields)
+        into = summed.get(group)
+        if into is None:
+            into = summed[group] = {f: row[f] for f in fields}
+            for measure in reports.MEASURE_FIELDS:
+                into[measure] = 0
+        for measure in reports.MEASURE_FIELDS:
+            if measure == "cost_usd":
+                into[measure] += usd_to_nanos(row[measure])
+            elif measure == "audio_seconds":
+                into[measure] += Decimal(row[measure])
+            else:
+                into[measure] += row[measure]
+    for into in summed.values():
+        into["cost_usd"] = nanos_to_usd(into["cost_usd"])
+        into["audio_seconds"] = reports.seconds_text(into["audio_seconds"])
+    return [
+        summed[k] for k in sorted(summed, key=lambda key: tuple((v is None, v or "") for v in key))
+    ]
 
 
 async def _query(view: Any, request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -120,15 +158,23 @@ async def spend(request: Request[Any, Any, Any]) -> Template:
     }
     if q["organization_id"] is not None:
         period = reports.parse_period(q["organization_id"], q["from"], q["to"])
-        built = await reports.report(view.vk.ledger, period, q["group_by"])
-        stack_by = next((g for g in q["group_by"] if g != "day"), None)
+        groups = q["group_by"]
+        # One read of the ledger: by day as well, for the chart; the table adds the days up.
         by_day = await reports.report(
-            view.vk.ledger, period, ["day", stack_by] if stack_by else ["day"]
+            view.vk.ledger, period, groups if "day" in groups else ["day", *groups]
         )
+        fields = [GROUPS[g][0] for g in groups]
+        rows = by_day.rows if "day" in groups else _without_day(by_day.rows, fields)
+        stack_by = next((g for g in groups if g != "day"), None)
         chart, legend = _chart(by_day.rows, stack_by, period, view.vk.clock.now())
+        offset = _offset(request.query_params.get("offset"), len(rows))
         context.update(
-            report=built,
-            group_fields=[GROUPS[g][0] for g in q["group_by"]],
+            report=by_day,
+            rows=rows[offset : offset + TABLE_ROWS],
+            row_count=len(rows),
+            offset=offset,
+            table_rows=TABLE_ROWS,
+            group_fields=fields,
             chart=chart,
             legend=legend,
             api_query=_api_query(q),
