@@ -164,6 +164,10 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     cost = page.locator("tbody tr", has_text="chat").locator("td").last.inner_text()
     assert re.fullmatch(r"\$0\.0\d+", cost), cost  # priced by the provider's override
     shot(page, "09-spend")
+    page.get_by_label("day", exact=True).check()
+    page.get_by_role("button", name="Show").click()
+    headers = page.locator("thead th").all_inner_texts()
+    assert headers[:2] == ["model", "day"], headers
 
     page.get_by_role("link", name="Overview", exact=True).click()
     overview = page.locator("tbody tr", has_text="acme").first

@@ -318,3 +318,108 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
     overview = await browser.get("/console/")
     assert "acme" in overview.text
     assert f"${report['totals']['cost_usd']}<" in overview.text
+
+
+async def test_the_consoles_edits_reach_the_admin_api(
+    client: Client, browser: Client, world: World
+) -> None:
+    csrf = await sign_in(browser, ADMIN_TOKEN)
+
+    async def api(path: str) -> dict[str, object]:
+        answered = await client.get(path, headers=ADMIN)
+        assert answered.status_code == 200, answered.text
+        found: dict[str, object] = answered.json()
+        return found
+
+    limits = await post_form(browser, f"/console/teams/{world.team}/limits", csrf, rpm="30", tpm="")
+    assert limits.status_code == 303
+    assert (await api(f"/api/admin/teams/{world.team}"))["limits"] == {"rpm": 30}
+
+    edited = await post_form(
+        browser,
+        f"/console/providers/{world.provider}",
+        csrf,
+        name="openai-renamed",
+        base_url="https://api.openai.com/v1",
+        api_key="",
+        price_overrides="gpt-4o-mini 0.15 0.6\r\n",
+        prices_shown="",
+    )
+    assert edited.status_code == 303, edited.text
+    provider = await api(f"/api/admin/providers/{world.provider}")
+    assert provider["name"] == "openai-renamed"
+    assert provider["has_api_key"] is True  # a blank field keeps the credential
+    assert provider["price_overrides"] == {
+        "gpt-4o-mini": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"}
+    }
+    page = await browser.get(f"/console/providers/{world.provider}")
+    assert "sk-test-provider-credential" not in page.text and "Credential: <strong>set" in page.text
+
+    chains = await post_form(
+        browser,
+        f"/console/policies/{world.policy}",
+        csrf,
+        name="default",
+        aliases=f"fast = openai-renamed:gpt-4o-mini, {world.provider}:gpt-4o\nslow = openai-renamed:o1",
+    )
+    assert chains.status_code == 303, chains.text
+    aliases = (await api(f"/api/admin/routing-policies/{world.policy}"))["aliases"]
+    assert aliases == {
+        "fast": [
+            {"provider_id": world.provider, "model": "gpt-4o-mini"},
+            {"provider_id": world.provider, "model": "gpt-4o"},
+        ],
+        "slow": [{"provider_id": world.provider, "model": "o1"}],
+    }
+    unknown = await post_form(
+        browser, f"/console/policies/{world.policy}", csrf, name="default", aliases="x = nope:m"
+    )
+    assert unknown.status_code == 422 and "no provider &#39;nope&#39;" in unknown.text
+
+    budget = await post_form(
+        browser,
+        "/console/budgets",
+        csrf,
+        organization_id=world.org,
+        name="monthly",
+        scope_kind="organization",
+        window="month",
+        limit_usd="25",
+        on_breach="block",
+    )
+    assert budget.status_code == 303
+    budget_id = budget.headers["location"].rsplit("/", 1)[1]
+    assert (
+        await post_form(browser, f"/console/budgets/{budget_id}", csrf, limit_usd="40.5")
+    ).status_code == 303
+    assert (await api(f"/api/admin/budgets/{budget_id}"))["limit_usd"] == "40.5"
+    detail = await browser.get(f"/console/budgets/{budget_id}")
+    assert "$40.5" in detail.text and "not this window" in detail.text and "<svg" in detail.text
+
+    key = world.key_id
+    assert (await post_form(browser, f"/console/keys/{key}/disable", csrf)).status_code == 303
+    assert (await api(f"/api/admin/virtual-keys/{key}"))["status"] == "disabled"
+    assert (await post_form(browser, f"/console/keys/{key}/enable", csrf)).status_code == 303
+    assert (await api(f"/api/admin/virtual-keys/{key}"))["status"] == "active"
+    rotated = await post_form(browser, f"/console/keys/{key}/rotate", csrf, grace_seconds="3600")
+    assert rotated.status_code == 200
+    assert (
+        "it will not be shown again" in rotated.text
+        and "The old key keeps working until" in rotated.text
+    )
+    assert re.search(r'value="vk-[^"]+"', rotated.text)
+
+    made = await post_form(browser, "/console/tokens", csrf, name="reader", role="finance")
+    secret = re.search(r'id="new-token" type="text" readonly value="([^"]+)"', made.text)
+    assert made.status_code == 200 and secret
+    tokens = (await api("/api/admin/tokens"))["data"]
+    assert isinstance(tokens, list)
+    (reader,) = [t for t in tokens if t["name"] == "reader"]
+    assert reader["role"] == "finance"
+    assert (
+        await post_form(browser, f"/console/tokens/{reader['id']}/revoke", csrf)
+    ).status_code == 303
+    assert (await api("/api/admin/tokens"))["data"][0]["revoked_at"] is not None
+
+    audit = await browser.get("/console/audit?resource_kind=virtual_key")
+    assert "virtual_key.rotate" in audit.text and "budget.create" not in audit.text

@@ -77,7 +77,9 @@ async def _query(view: Any, request: Request[Any, Any, Any]) -> dict[str, Any]:
         if organization_id is not None:
             await tx.get(Organization, organization_id, "organization", param="organization_id")
     chosen = [g for g in params.getall("group_by", []) for g in g.split(",") if g.strip()]
-    groups = reports.parse_group_by(",".join(chosen) if chosen else ",".join(DEFAULT_GROUPS))
+    # The form says `grouped` so that no box ticked means totals only, not the default.
+    asked = chosen or params.get("grouped")
+    groups = reports.parse_group_by(",".join(chosen) if asked else ",".join(DEFAULT_GROUPS))
     start = params.get("from") or today.replace(day=1).isoformat()
     end = params.get("to") or (today + timedelta(days=1)).isoformat()
     return {
@@ -97,7 +99,7 @@ def _api_query(q: dict[str, Any], **extra: str) -> str:
         "group_by": ",".join(q["group_by"]),
         **extra,
     }
-    return urlencode({k: v for k, v in wanted.items() if v})
+    return urlencode({k: v for k, v in wanted.items() if v}, safe=",")
 
 
 def _chart(
