@@ -73,6 +73,10 @@ def until(check: Any, what: str, timeout: float = SPEND_TIMEOUT_S) -> Any:
 
 
 def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
+    # A Content-Security-Policy violation (an inline script or style) is a console error.
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     sign_in(page, stack, stack.admin_token)
     shot(page, "01-overview-start")
 
@@ -212,6 +216,13 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
 
     until(refused, "the proxy still served the revoked key", timeout=10)
 
+    # The filters swap the table in place (htmx) and keep the address in step.
+    page.get_by_label("Filter by status", exact=True).select_option("revoked")
+    page.wait_for_url(re.compile(r"status=revoked"))
+    page.locator("#keys-table tbody tr", has_text="demo-").wait_for(state="detached")
+    assert page.locator("#keys-table tbody tr").count() == 1
+    assert page.locator("h1").count() == 1  # a fragment, not a page inside the page
+
     page.get_by_role("link", name="Audit log", exact=True).click()
     assert "virtual_key.revoke" in page.content()
     page.get_by_label("Resource kind", exact=True).select_option("virtual_key")
@@ -225,6 +236,7 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     page.get_by_role("button", name="Sign in").wait_for()
     page.goto(f"{stack.console}/keys")
     assert page.url.endswith("/console/sign-in")
+    assert errors == []
 
 
 def test_a_finance_token_reads_spend_and_sees_no_control_that_changes_anything(
