@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -194,4 +195,17 @@ def session_cookie(value: str, secure: bool) -> Cookie:
 
 
 def is_tls(request: Request[Any, Any, Any]) -> bool:
-    return request.url.scheme == "https"
+    """Whether the browser reached the console over TLS: directly, or through a trusted proxy
+    (VKGATE_TRUSTED_PROXY_CIDRS) that says so in `X-Forwarded-Proto`."""
+    if request.url.scheme == "https":
+        return True
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    client = request.scope.get("client")
+    if forwarded != "https" or not client:
+        return False
+    try:
+        peer = ipaddress.ip_address(client[0])
+    except ValueError:
+        return False
+    trusted = app_state(request).settings.trusted_proxy_cidrs
+    return any(peer in ipaddress.ip_network(cidr) for cidr in trusted)

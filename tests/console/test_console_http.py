@@ -87,6 +87,31 @@ async def test_sign_in_opens_a_session_cookie_only_the_console_sees_and_sign_out
     assert after.headers["location"] == "/console/sign-in"
 
 
+@pytest.mark.parametrize("trusted", [(), ("127.0.0.0/8",)])
+async def test_the_cookies_are_secure_under_tls_and_behind_a_trusted_tls_proxy(
+    settings: ControlPlaneSettings,
+    clock: ManualClock,
+    clean_database: Database,
+    trusted: tuple[str, ...],
+) -> None:
+    app = create_app(
+        dataclasses.replace(settings, trusted_proxy_cidrs=trusted),
+        clock=clock,
+        database=clean_database,
+    )
+
+    async def cookie(base_url: str, headers: dict[str, str]) -> set[str]:
+        """The attributes of the cookie the sign-in form sets (the session's are alike)."""
+        async with serve_in_loop(app, base_url) as http:
+            form = await http.get("/console/sign-in", headers=headers)
+            return {part.strip().lower() for part in form.headers["set-cookie"].split(";")}
+
+    assert "secure" in await cookie("https://controlplane.test", {})
+    behind = await cookie("http://controlplane.test", {"X-Forwarded-Proto": "https"})
+    # Only a proxy the settings trust may say the browser used TLS.
+    assert ("secure" in behind) is bool(trusted)
+
+
 async def test_a_wrong_token_is_refused_without_saying_why_and_the_throttle_applies(
     browser: Client,
 ) -> None:

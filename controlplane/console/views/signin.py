@@ -73,6 +73,8 @@ async def sign_in(request: Request[Any, Any, Any]) -> Template | Redirect:
         state.metrics.admin_auth_failures.inc()
         throttle.failed(address, reason)
         return _form(request, 401, REFUSED)
+    # A session this browser already had ends here: one sign-in, one session.
+    await sessions(request).close(request.cookies.get(COOKIE))
     session_id = await sessions(request).open(actor)
     response = Redirect(path=f"{PREFIX}/", status_code=303)
     response.set_cookie(session_cookie(session_id, is_tls(request)))
