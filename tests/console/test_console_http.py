@@ -8,6 +8,7 @@ import dataclasses
 import io
 import re
 from collections.abc import AsyncIterator
+from html.parser import HTMLParser
 
 import httpx
 import pytest
@@ -448,3 +449,54 @@ async def test_the_consoles_edits_reach_the_admin_api(
 
     audit = await browser.get("/console/audit?resource_kind=virtual_key")
     assert "virtual_key.rotate" in audit.text and "budget.create" not in audit.text
+
+
+class _Fields(HTMLParser):
+    """Every form field of a page, and whether a label names it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.labelled: set[str] = set()
+        self.fields: list[tuple[str, str | None, bool]] = []
+        self._in_label = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "label":
+            self._in_label += 1
+            if found.get("for"):
+                self.labelled.add(str(found["for"]))
+        elif tag in ("input", "select", "textarea") and found.get("type") != "hidden":
+            named = self._in_label > 0 or bool(found.get("aria-label"))
+            self.fields.append((tag, found.get("id"), named))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self._in_label -= 1
+
+
+async def test_every_field_of_every_page_has_a_label(browser: Client, world: World) -> None:
+    await sign_in(browser, ADMIN_TOKEN)
+    for path in (
+        "/console/sign-in",
+        "/console/",
+        "/console/organizations",
+        "/console/teams",
+        "/console/projects",
+        "/console/keys",
+        f"/console/keys/{world.key_id}/revoke",
+        "/console/providers",
+        f"/console/providers/{world.provider}",
+        "/console/policies",
+        f"/console/policies/{world.policy}",
+        "/console/budgets",
+        f"/console/spend?organization_id={world.org}",
+        "/console/audit",
+        "/console/tokens",
+    ):
+        page = await browser.get(path)
+        assert page.status_code == 200, path
+        parsed = _Fields()
+        parsed.feed(page.text)
+        for tag, ident, named in parsed.fields:
+            assert named or ident in parsed.labelled, f"{path}: a {tag} ({ident}) with no label"

@@ -189,7 +189,9 @@ async def spend(request: Request[Any, Any, Any]) -> Template:
 async def spend_csv(request: Request[Any, Any, Any]) -> Response[bytes]:
     view = await open_page(request)
     q = await _query(view, request)
-    period = reports.parse_period(q["organization_id"] or "", q["from"], q["to"])
+    if q["organization_id"] is None:
+        raise invalid("there is no organization to report on yet", param="organization_id")
+    period = reports.parse_period(q["organization_id"], q["from"], q["to"])
     built = await reports.report(view.vk.ledger, period, q["group_by"])
     return Response(
         reports.to_csv(built.fields, built.rows),
