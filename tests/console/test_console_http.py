@@ -152,8 +152,13 @@ async def test_posts_without_the_sessions_csrf_token_are_refused_and_change_noth
     assert listed.json()["data"] == []
     made = await post_form(browser, "/console/organizations", csrf, name="acme")
     assert made.status_code == 303
+    # htmx sends it as a header instead (the page's hx-headers).
+    by_header = await browser.post(
+        "/console/organizations", data={"name": "beta"}, headers={"X-CSRF-Token": csrf}
+    )
+    assert by_header.status_code == 303
     listed = await client.get("/api/admin/organizations", headers=ADMIN)
-    assert [o["name"] for o in listed.json()["data"]] == ["acme"]
+    assert sorted(o["name"] for o in listed.json()["data"]) == ["acme", "beta"]
 
 
 async def test_an_idle_session_expires_and_an_active_one_does_not(
@@ -280,6 +285,11 @@ async def test_a_key_made_in_the_console_is_shown_once_and_listed_without_its_se
     assert secret
     listed = await browser.get("/console/keys")
     assert "from-console" in listed.text and secret.group(1) not in listed.text
+    fragment = await browser.get(
+        "/console/keys?status=active", headers={"HX-Request": "true", "HX-Target": "keys-table"}
+    )
+    assert "<html" not in fragment.text and "<table>" in fragment.text
+    assert "from-console" in fragment.text
     key = next(k for k in await keys_of(client, world.org) if k["name"] == "from-console")
     assert key["allowed_models"] == ["fast"]
     assert key["limits"] == {"rpm": 60}
