@@ -87,6 +87,9 @@ class FakeBedrock(FakeProvider):
     open_with_exception: str | None = None
     """The next stream opens with this exception frame (`throttlingException`) instead of
     its answer."""
+    exception_mid_stream: str | None = None
+    """The next stream sends its first text, then this exception frame
+    (`modelStreamErrorException`) instead of the rest."""
     signed_by: list[str] = field(default_factory=list)
     """The access key id of every request whose signature checked out, in order."""
     raw_paths: list[str] = field(default_factory=list)
@@ -316,6 +319,14 @@ def _stream_frames(fake: FakeBedrock, tool: str | None, stop: str) -> list[bytes
         name, fake.open_with_exception = fake.open_with_exception, None
         return [eventstream.exception(name, "Too many requests, please wait before trying again.")]
     frames = [eventstream.event("messageStart", {"role": "assistant"})]
+    if fake.exception_mid_stream is not None:
+        name, fake.exception_mid_stream = fake.exception_mid_stream, None
+        first = {"contentBlockIndex": 0, "delta": {"text": REPLY_PIECES[0]}}
+        return [
+            *frames,
+            eventstream.event("contentBlockDelta", first),
+            eventstream.exception(name, "The model stream failed; retry your request."),
+        ]
     if tool is None:
         frames += [
             eventstream.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}})
