@@ -154,6 +154,8 @@ class Bedrock:
             return await _refused(reply)
         if reply.status == 200 and operation is Operation.CONVERSE_STREAM:
             return await _opened(reply)
+        if operation is Operation.INVOKE and reply.input_token_count is not None:
+            return await _counted(reply, reply.input_token_count)
         return reply
 
 
@@ -178,6 +180,27 @@ def error_type(header: bytes | None, body: bytes) -> str:
             return ""
         named = fields.code or fields.Code or fields.type_ or ""
     return named.split(":", 1)[0].rsplit("#", 1)[-1].strip()
+
+
+TOKEN_COUNT_FIELD = b"vkgateInputTokenCount"
+"""Where an InvokeModel answer's header token count is written into its body for the usage
+reader (`proxy.translate.openai_embeddings`); the body is always translated, so no client sees
+it."""
+
+
+async def _counted(reply: Response, count: bytes) -> Reply:
+    """An InvokeModel answer with the input token count of its header written into its body
+    (Cohere's embeddings say it nowhere else)."""
+    try:
+        data = await reply.read()
+    finally:
+        reply.close()
+    stripped = data.lstrip()
+    if count.strip().isdigit() and stripped.startswith(b"{"):
+        head = b'{"' + TOKEN_COUNT_FIELD + b'":' + count.strip()
+        rest = stripped[1:].lstrip()
+        data = head + (b"" if rest.startswith(b"}") else b",") + rest
+    return _Refusal(reply.status, data, reply.retry_after)
 
 
 async def _refused(reply: Response) -> Reply:
@@ -243,8 +266,8 @@ class _Resumed:
 
 
 class _Refusal:
-    """An error the provider gave, read whole (inside its stream, or as its answer), with the
-    status the chain's walk needs."""
+    """An answer read whole: an error the provider gave (inside its stream, or as its answer)
+    with the status the chain's walk needs, or an answer with its header's usage written in."""
 
     __slots__ = ("_body", "retry_after", "status")
     content_type = _JSON

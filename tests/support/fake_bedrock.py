@@ -260,19 +260,22 @@ def _app(fake: FakeBedrock) -> web.Application:
             text = payload["inputText"]
             size = payload.get("dimensions", 3)
             return web.json_response(
-                {"embedding": _vector(text, size), "inputTextTokenCount": len(text.split())}
+                {"embedding": _vector(text, size), "inputTextTokenCount": len(text.split())},
+                headers=_token_counts(len(text.split())),
             )
         if "cohere.embed" in model:
             vectors = [
                 _vector(text, payload.get("output_dimension", 3)) for text in payload["texts"]
             ]
+            # Cohere's body counts nothing: InvokeModel's headers are its only usage.
             return web.json_response(
                 {
                     "id": "fake-cohere",
                     "embeddings": {"float": vectors},
                     "texts": payload["texts"],
                     "response_type": "embeddings_by_type",
-                }
+                },
+                headers=_token_counts(sum(len(text.split()) for text in payload["texts"])),
             )
         return _refusal(400, f"The provided model identifier is invalid: {model}")
 
@@ -307,6 +310,15 @@ def _app(fake: FakeBedrock) -> web.Application:
     app.router.add_post("/model/{model:.+}/invoke", invoke)
     app.router.add_post("/", sts)
     return app
+
+
+def _token_counts(count: int) -> dict[str, str]:
+    """InvokeModel's usage headers, as Bedrock sends them with every model's answer."""
+    return {
+        "X-Amzn-Bedrock-Input-Token-Count": str(count),
+        "X-Amzn-Bedrock-Output-Token-Count": "0",
+        "X-Amzn-Bedrock-Invocation-Latency": "42",
+    }
 
 
 def _vector(text: str, size: int) -> list[float]:
