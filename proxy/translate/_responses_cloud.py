@@ -37,8 +37,8 @@ class ResponsesEvents:
 
     __slots__ = ("_builder", "_count", "_kind", "_open", "_stop", "_usage")
 
-    def __init__(self, frame: Frame) -> None:
-        self._builder = ResponseBuilder(frame)
+    def __init__(self, frame: Frame, *, events: bool = True) -> None:
+        self._builder = ResponseBuilder(frame, events=events)
         self._open: object = None
         """The key of the item being written (text or thinking), None between items."""
         self._kind = ""
@@ -123,7 +123,7 @@ class ResponsesEvents:
 
 def response(answer: Answer, frame: Frame) -> bytes:
     """A whole answer as a response object."""
-    events = ResponsesEvents(frame)
+    events = ResponsesEvents(frame, events=False)
     events.begin(answer.id, answer.model)
     for index, block in enumerate(answer.blocks):
         if isinstance(block, Text):
