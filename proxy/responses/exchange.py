@@ -211,7 +211,12 @@ class ResponsesExchange:
         if upstream.wire is WireFormat.GEMINI:
             if status >= 300:
                 return gemini_error(status, data)
-            answer = _gemini.answer(data, anthropic_id(), upstream.model, "")
+            try:
+                answer = _gemini.answer(data, anthropic_id(), upstream.model, "")
+            except ProxyError as exc:
+                if exc.param == "messages":  # a prompt the safety filters blocked
+                    exc.param = "input"
+                raise
             return _responses_cloud.response(answer, self._frame(upstream))
         if status >= 300:
             return data  # chat completions' errors are in OpenAI's shape already

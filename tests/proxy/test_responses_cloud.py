@@ -1,7 +1,7 @@
 """The official OpenAI SDK's Responses API through the proxy to Bedrock, Google AI Studio and
 Vertex AI credentials (fakes that speak each wire format and check each credential): plain,
 streamed, with function tools and a JSON schema; nothing is stored; spend rows exact; and the
-OpenAI Agents SDK running a tool-using agent on a Bedrock credential."""
+OpenAI Agents SDK running a tool-using agent on a Bedrock and an AI Studio credential."""
 
 from __future__ import annotations
 
@@ -346,18 +346,16 @@ def get_weather(city: str) -> str:
     return f"21 C and clear in {city}"
 
 
+@pytest.mark.parametrize("kind", ["bedrock", "gemini"])
 @pytest.mark.parametrize("streamed", [False, True])
-async def test_a_tool_using_agent_runs_on_a_bedrock_credential(
-    client: httpx.AsyncClient, clouds: Clouds, streamed: bool
+async def test_a_tool_using_agent_runs_on_a_cloud_credential(
+    client: httpx.AsyncClient, clouds: Clouds, streamed: bool, kind: str
 ) -> None:
     set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
-    tenant = clouds.tenant
-    policy = await add_policy(
-        client, tenant.org, {get_default_model(): [(clouds.providers["bedrock"], BEDROCK_MODEL)]}
-    )
-    _, key = await add_key(
-        client, Tenant(tenant.org, tenant.project, clouds.providers["bedrock"], policy, "", "")
-    )
+    tenant, provider = clouds.tenant, clouds.providers[kind]
+    model = BEDROCK_MODEL if kind == "bedrock" else GEMINI_MODEL
+    policy = await add_policy(client, tenant.org, {get_default_model(): [(provider, model)]})
+    _, key = await add_key(client, Tenant(tenant.org, tenant.project, provider, policy, "", ""))
     looked_up.clear()
     agent = Agent(name="weather", instructions="Answer briefly.", tools=[get_weather])
     sdk = openai.AsyncOpenAI(
@@ -372,10 +370,33 @@ async def test_a_tool_using_agent_runs_on_a_bedrock_credential(
             output = run.final_output
         else:
             output = (await Runner.run(agent, "Weather in Paris?", run_config=config)).final_output
+    assert looked_up == ["Paris"]
+    if kind == "gemini":
+        assert output == FG.REPLY
+        first, second = (r.json() for r in clouds.gemini.received)
+        assert first["systemInstruction"] == {"parts": [{"text": "Answer briefly."}]}
+        assert first["tools"][0]["functionDeclarations"][0]["name"] == "get_weather"
+        assert second["contents"][-1]["parts"] == [
+            {
+                "functionResponse": {
+                    "name": "get_weather",
+                    "response": {"content": "21 C and clear in Paris"},
+                }
+            }
+        ]
+        return
     assert output == FB.REPLY
-    assert looked_up == [FB.TOOL_INPUT["city"]]
     first, second = (r.json() for r in clouds.bedrock.received)
     assert first["system"] == [{"text": "Answer briefly."}]
     assert first["toolConfig"]["tools"][0]["toolSpec"]["name"] == "get_weather"
     result = second["messages"][-1]["content"][-1]["toolResult"]
     assert result == {"toolUseId": FB.TOOL_USE_ID, "content": [{"text": "21 C and clear in Paris"}]}
+
+
+async def test_a_prompt_gemini_blocks_is_a_400_naming_the_input(clouds: Clouds) -> None:
+    clouds.gemini.block_prompt = "SAFETY"
+    async with clouds.openai() as sdk:
+        with pytest.raises(openai.BadRequestError) as blocked:
+            await sdk.responses.create(model=GEMINI, input="hello")
+    assert "safety filters blocked the prompt (SAFETY)" in blocked.value.message
+    assert blocked.value.body["param"] == "input"  # type: ignore[index]
