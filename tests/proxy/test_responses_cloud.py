@@ -20,6 +20,7 @@ from litestar import Litestar
 from tests.proxy.cloud_support import (
     BEDROCK,
     BEDROCK_MODEL,
+    FAILOVER,
     GEMINI,
     GEMINI_MODEL,
     TIMEOUT_S,
@@ -400,3 +401,28 @@ async def test_a_prompt_gemini_blocks_is_a_400_naming_the_input(clouds: Clouds) 
             await sdk.responses.create(model=GEMINI, input="hello")
     assert "safety filters blocked the prompt (SAFETY)" in blocked.value.message
     assert blocked.value.body["param"] == "input"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_throttled_bedrock_credential_fails_over_to_gemini_for_a_responses_client(
+    clouds: Clouds, streamed: bool
+) -> None:
+    if streamed:
+        clouds.bedrock.open_with_exception = "throttlingException"
+    else:
+        clouds.bedrock.fail_next(429, "Too many requests, please wait before trying again.")
+    async with clouds.openai() as sdk:
+        raw = await sdk.responses.with_raw_response.create(
+            model=FAILOVER, input="hello", stream=streamed
+        )
+        assert raw.headers["x-vkgate-provider"] == "studio"
+        assert raw.headers["x-vkgate-fallback-count"] == "1"
+        parsed: Any = raw.parse()
+        if streamed:
+            events = [event async for event in parsed]
+            response = events[-1].response
+        else:
+            response = parsed
+    assert response.output_text == FG.REPLY
+    assert response.model == f"{GEMINI_MODEL}-001"
+    assert len(clouds.bedrock.received) == 1 and len(clouds.gemini.received) == 1
