@@ -3,7 +3,8 @@
 The walk falls through to the next credential on a connect error, a timeout before the answer,
 a 429, a 401 or 403 (the provider refused the gateway's credential: another may hold the
 access it lacks) or a 5xx; a provider's other 4xx is the answer. A lone 429, 401 or 403, when
-no other credential was called, is passed back as the provider gave it. A credential whose
+no other credential was called, is passed back as the provider gave it, and so is the last
+401 or 403 when every credential refused the gateway's. A credential whose
 circuit breaker is open, or whose provider asked to be left alone (`Retry-After`), is skipped
 without a call.
 Nothing falls through once a byte reached the client: a stream is committed only when its
@@ -153,8 +154,12 @@ class _Walk:
                 if answer is not None:
                     return answer
             held, self._held = self._held, None
-            if held is not None and outcome.calls == 1 and len(outcome.causes) == 1:
-                # The one provider called refused (429, 401, 403): its own answer, passed through.
+            if held is not None and (
+                (outcome.calls == 1 and len(outcome.causes) == 1)
+                or all(cause.status in _CREDENTIAL_REFUSED for cause in outcome.causes)
+            ):
+                # The one provider called refused (429, 401, 403), or every one refused the
+                # gateway's credential: the last one's own answer, passed through, not a 5xx.
                 outcome.causes.pop()
                 return _Committed(*held)
             raise _exhausted(outcome.causes, self._breakers, self._untranslatable, self._unserved())
