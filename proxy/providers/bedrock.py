@@ -200,7 +200,7 @@ async def _counted(reply: Response, count: bytes) -> Reply:
         head = b'{"' + TOKEN_COUNT_FIELD + b'":' + count.strip()
         rest = stripped[1:].lstrip()
         data = head + (b"" if rest.startswith(b"}") else b",") + rest
-    return _Refusal(reply.status, data, reply.retry_after)
+    return _Whole(reply.status, data, reply.retry_after)
 
 
 async def _refused(reply: Response) -> Reply:
@@ -211,7 +211,7 @@ async def _refused(reply: Response) -> Reply:
         reply.close()
     status = reply.status
     status = ERROR_STATUS.get(error_type(reply.error_type, data), RESTATED.get(status, status))
-    return _Refusal(status, data, reply.retry_after)
+    return _Whole(status, data, reply.retry_after)
 
 
 async def _opened(reply: Reply) -> Reply:
@@ -228,7 +228,7 @@ async def _opened(reply: Reply) -> Reply:
             if first.status == 200:
                 return _Resumed(reply, head, chunks)
             reply.close()
-            return _Refusal(first.status, _encode({"message": first.message}), None)
+            return _Whole(first.status, _encode({"message": first.message}), None)
     except BaseException:
         reply.close()  # timed out, cut, or the client left: the connection is not reused
         raise
@@ -265,7 +265,7 @@ class _Resumed:
         self._reply.close()
 
 
-class _Refusal:
+class _Whole:
     """An answer read whole: an error the provider gave (inside its stream, or as its answer)
     with the status the chain's walk needs, or an answer with its header's usage written in."""
 
