@@ -197,7 +197,7 @@ async def _counted(reply: Response, count: bytes) -> Reply:
         reply.close()
     stripped = data.lstrip()
     if count.strip().isdigit() and stripped.startswith(b"{"):
-        head = b'{"' + TOKEN_COUNT_FIELD + b'":' + count.strip()
+        head = b'{"' + TOKEN_COUNT_FIELD + b'":' + str(int(count)).encode()
         rest = stripped[1:].lstrip()
         data = head + (b"" if rest.startswith(b"}") else b",") + rest
     return _Whole(reply.status, data, reply.retry_after)

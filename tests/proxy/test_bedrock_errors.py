@@ -1,8 +1,9 @@
-"""Bedrock's errors as its runtime sends them (the type in `x-amzn-ErrorType`, or `__type` in
-the body; the exception frames of a ConverseStream), each given the status the chain's walk
-needs: throttling, exceeded quotas and a model not ready fall over as a 429, an access denied
+"""Bedrock's answers as its runtime sends them: its errors (the type in `x-amzn-ErrorType`, or
+`__type` in the body; the exception frames of a ConverseStream), each given the status the
+chain's walk needs: throttling, exceeded quotas and a model not ready fall over as a 429, an access denied
 as a 403, the model's and the service's failures as 5xx; a validation error or an unknown model
-is the answer, in the client's format."""
+is the answer, in the client's format. And InvokeModel's token count header, which is the only
+usage Cohere's embeddings give."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import httpx
 import openai
 import pytest
 
+from proxy.providers import bedrock
 from proxy.providers.bedrock import error_type
+from proxy.translate.openai_embeddings import bedrock_usage
+from proxy.usage import TokenUsage
 from tests.proxy.cloud_support import BEDROCK, FAILOVER, HELLO, Clouds, make_clouds
 from tests.proxy.conftest import RunningProxy
 from tests.support import fake_bedrock as FB
@@ -156,3 +160,34 @@ async def test_an_exception_frame_mid_stream_ends_it_with_an_error_in_the_client
     assert events[-1].type == "response.failed"
     assert events[-1].response.error is not None  # type: ignore[union-attr]
     assert "The model stream failed" in events[-1].response.error.message  # type: ignore[union-attr]
+
+
+class _Answer:
+    status = 200
+    retry_after = None
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("body", "written"),
+    [
+        (b"{}", b'{"vkgateInputTokenCount":7}'),
+        (b' { "texts": ["a"]}', b'{"vkgateInputTokenCount":7,"texts": ["a"]}'),
+        (b"[1]", b"[1]"),  # not an object: left as it is
+    ],
+)
+async def test_invoke_models_header_token_count_is_written_into_its_answer(
+    body: bytes, written: bytes
+) -> None:
+    answer = await bedrock._counted(_Answer(body), b" 007 ")  # type: ignore[arg-type]
+    assert await answer.read() == written
+    if written != body:
+        assert bedrock_usage(written)[0] == TokenUsage(input_tokens=7)
