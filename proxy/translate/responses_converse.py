@@ -175,7 +175,10 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
 
 
 def _append(turns: list[dict[str, Any]], role: str, blocks: Blocks) -> None:
-    """Converse's roles alternate: blocks of the same role as the last turn join it."""
+    """Converse's roles alternate: blocks of the same role as the last turn join it. A message
+    with nothing to say (empty text) makes no turn: Converse refuses an empty one."""
+    if not blocks:
+        return
     if turns and turns[-1]["role"] == role:
         turns[-1]["content"].extend(blocks)
     else:

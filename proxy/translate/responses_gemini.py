@@ -167,6 +167,10 @@ def _conversation(parsed: Parsed) -> tuple[Parts, list[dict[str, Any]]]:
 
 
 def _append(contents: list[dict[str, Any]], role: str, parts: Parts) -> None:
+    """Turns of one role are merged; a message with nothing to say (empty text) makes no turn:
+    Gemini refuses one without parts."""
+    if not parts:
+        return
     if contents and contents[-1]["role"] == role:
         contents[-1]["parts"].extend(parts)
     else:

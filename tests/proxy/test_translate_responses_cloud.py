@@ -268,6 +268,22 @@ def test_a_redacted_reasoning_item_goes_back_to_bedrock_redacted() -> None:
     ]
 
 
+def test_a_message_with_nothing_to_say_makes_no_turn() -> None:
+    body = {
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": ""}]},
+            {"role": "user", "content": "again"},
+        ]
+    }
+    assert to_converse(body)["messages"] == [
+        {"role": "user", "content": [{"text": "hi"}, {"text": "again"}]}
+    ]
+    assert to_gemini(body)["contents"] == [
+        {"role": "user", "parts": [{"text": "hi"}, {"text": "again"}]}
+    ]
+
+
 def test_tool_choice_maps_to_each_providers_own() -> None:
     named = {"input": "hi", "tools": [WEATHER_TOOL]}
     forced = {**named, "tool_choice": {"type": "function", "name": "get_weather"}}
