@@ -4,7 +4,8 @@ Requests: `instructions` and system or developer messages become Converse's `sys
 in order; input items become turns, merged where Converse's roles must alternate: a
 `function_call` is a `toolUse` block of the assistant turn, a `function_call_output` a
 `toolResult` block of a user turn (its text and images), a reasoning item this gateway returned
-the reasoning block it came from (its `encrypted_content` holds the signature). Images: a base64
+the reasoning block it came from (its `encrypted_content` holds the signature, when the model
+gave one). Images: a base64
 `data:` URL as bytes, an `s3://` URL as an S3 location. Function tools and `tool_choice`
 (`none` leaves the tools out, as Converse cannot forbid calls otherwise), `max_output_tokens`,
 `temperature` and `top_p` carry over; `text.format` json_schema becomes
@@ -170,7 +171,7 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
         elif isinstance(item, FunctionCallOutput):
             _append(turns, "user", [_tool_result(item, at)])
         elif isinstance(item, Reasoning):
-            _append(turns, "assistant", [_reasoning(item, at)])
+            _append(turns, "assistant", [_reasoning(item)])
     return system, turns
 
 
@@ -230,16 +231,14 @@ def _tool_result(item: FunctionCallOutput, at: str) -> dict[str, Any]:
     return {"toolResult": {"toolUseId": item.call_id, "content": content}}
 
 
-def _reasoning(item: Reasoning, at: str) -> dict[str, Any]:
-    """The reasoning block a reasoning item of this gateway's came from."""
+def _reasoning(item: Reasoning) -> dict[str, Any]:
+    """The reasoning block a reasoning item of this gateway's came from: its text, with the
+    signature its `encrypted_content` holds (Anthropic's models there need it back; models
+    that sign nothing gave none), or the redacted reasoning."""
     sealed = item.encrypted_content
-    if not sealed:
-        raise invalid(
-            f"`{at}` has no `encrypted_content`: a reasoning item is sent back to Bedrock as "
-            "the reasoning it came from, with its signature",
-            param=f"{at}.encrypted_content",
-        )
-    if sealed.startswith(REDACTED):
+    if sealed and sealed.startswith(REDACTED):
         return {"reasoningContent": {"redactedContent": sealed[len(REDACTED) :]}}
-    text = "".join(summary.text for summary in item.summary)
-    return {"reasoningContent": {"reasoningText": {"text": text, "signature": sealed}}}
+    text: dict[str, Any] = {"text": "".join(summary.text for summary in item.summary)}
+    if sealed:
+        text["signature"] = sealed
+    return {"reasoningContent": {"reasoningText": text}}

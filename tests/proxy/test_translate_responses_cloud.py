@@ -254,16 +254,21 @@ def test_reasoning_settings_have_each_providers_equivalent() -> None:
     assert to_gemini(off)["generationConfig"] == {"thinkingConfig": {"thinkingBudget": 0}}
 
 
-def test_a_redacted_reasoning_item_goes_back_to_bedrock_redacted() -> None:
+def test_a_redacted_or_unsigned_reasoning_item_goes_back_to_bedrock_as_it_came() -> None:
     body = {
         "input": [
             {"role": "user", "content": "hi"},
             {"type": "reasoning", "summary": [], "encrypted_content": REDACTED + "opaque"},
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "Unsigned."}],
+            },
             {"role": "assistant", "content": "Hello."},
         ]
     }
     assert to_converse(body)["messages"][1]["content"] == [
         {"reasoningContent": {"redactedContent": "opaque"}},
+        {"reasoningContent": {"reasoningText": {"text": "Unsigned."}}},
         {"text": "Hello."},
     ]
 
@@ -329,7 +334,6 @@ CONVERSE_REFUSED = [
         },
         "input[0].content[0].file_id",
     ),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].encrypted_content"),
     (
         {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
         "input[0].arguments",
