@@ -130,15 +130,14 @@ async def open_form(request: Request[Any, Any, Any], *, admin: bool = True) -> t
         )
     if admin:
         page.require_admin()
-    return page, Form({k: v for k, v in data.multi_items() if isinstance(v, str)}, data)
+    return page, Form({k: v for k, v in data.multi_items() if isinstance(v, str)})
 
 
 class Form:
     """A submitted form's text fields; blank fields count as left out."""
 
-    def __init__(self, single: dict[str, str], multi: Any) -> None:
+    def __init__(self, single: dict[str, str]) -> None:
         self._single = single
-        self._multi = multi
 
     def text(self, name: str) -> str | None:
         value = self._single.get(name, "").strip()
@@ -146,9 +145,6 @@ class Form:
 
     def raw(self, name: str) -> str:
         return self._single.get(name, "")
-
-    def every(self, name: str) -> list[str]:
-        return [v.strip() for v in self._multi.getall(name, []) if isinstance(v, str) and v.strip()]
 
     def integer(self, name: str, label: str) -> int | None:
         value = self.text(name)
