@@ -4,18 +4,19 @@ the chosen group, the table, and its CSV, all from the report `/api/spend/report
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
 from litestar import Request, Response, get
 from litestar.response import Template
+from markupsafe import Markup
 
 from controlplane.console import _charts, _choices
-from controlplane.console._core import open_page
+from controlplane.console._core import Page, open_page
 from controlplane.errors import invalid
-from controlplane.ledger.queries import GROUPS
+from controlplane.ledger.queries import GROUPS, Period
 from controlplane.models import Organization
 from controlplane.spend import reports
 from vkgate.money import nanos_to_usd, usd_to_nanos
@@ -62,7 +63,7 @@ def _without_day(rows: list[dict[str, Any]], fields: list[str]) -> list[dict[str
     ]
 
 
-async def _query(view: Any, request: Request[Any, Any, Any]) -> dict[str, Any]:
+async def _query(view: Page, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The query as the page and the API both take it; an organization is chosen for a
     token bound to none when the address names none."""
     params = request.query_params
@@ -103,8 +104,8 @@ def _api_query(q: dict[str, Any], **extra: str) -> str:
 
 
 def _chart(
-    rows: list[dict[str, Any]], group: str | None, period: Any, now: Any
-) -> tuple[Any, list[str]]:
+    rows: list[dict[str, Any]], group: str | None, period: Period, now: datetime
+) -> tuple[Markup, list[str]]:
     field = GROUPS[group][0] if group else None
     by_series: dict[str, int] = defaultdict(int)
     for r in rows:
