@@ -16,7 +16,6 @@ import pytest
 
 from tests.console.browser import WAIT_MS, Stack, heading, shot
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 SPEND_TIMEOUT_S = 60.0
 """A request reaches the ledger through the proxy's spool (sealed each second) and the
 drainer: seconds, given generously for a loaded machine."""
