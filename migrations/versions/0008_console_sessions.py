@@ -1,6 +1,6 @@
 """web console sessions
 
-Revision ID: 0010
+Revision ID: 0008
 Revises: 0007
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
+revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
