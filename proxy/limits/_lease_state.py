@@ -42,6 +42,9 @@ class Lease:
     used_at: float = -math.inf
     taken: float = 0.0
     """Units taken since the last sync: how fast it is spent, for the next slice's size."""
+    asked: float = 0.0
+    """What the last request took of it: a slice left smaller than that is of no use to the
+    next, which would have to sync anyway, so a report gives it back."""
     sync: asyncio.Future[Grant] | None = None
     """The sync in flight, if any: one at a time per lease."""
     closing: bool = False
@@ -61,12 +64,15 @@ class TokensLease(Lease):
     """Spent since the last sync (a correction may be negative)."""
     level: float = math.nan
     """The bucket's level outside every lease at the last sync (nan: never synced)."""
+    paid: float = 0.0
+    """Tokens a sync took and spent in the store at once for the request that asked, not yet
+    taken by it (or by another request of this replica meanwhile, which is as good)."""
 
     def free(self) -> float:
         """What may be taken locally: tokens given back (a count corrected downwards) are
         spendable only once the store has them, within the capacity."""
         spent = self.spent
-        return self.amount - spent if spent > 0 else self.amount
+        return (self.amount - spent if spent > 0 else self.amount) + self.paid
 
 
 @dataclass(slots=True, eq=False)

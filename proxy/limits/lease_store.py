@@ -27,12 +27,18 @@ Layout (P is the prefix):
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from redis.exceptions import NoScriptError, ResponseError
+
 from proxy.limits._budget_lua import LEDGERED, LUA_BUDGETS, LUA_COMMON
 from proxy.limits.store import Bucket, BudgetBucket, Slots
+
+log = logging.getLogger("vkgate.proxy.limits")
 
 SHARE = 4
 """A slice beyond what a request needs is at most this share of what is left (and of that, one
@@ -56,10 +62,22 @@ class Grant:
     """The lease had lapsed in the store before this call (the replica did not sync in time)."""
 
 
-class LeaseStore(Protocol):
-    """Where leases are taken, synced and given back; each call atomic on its one bucket."""
+@dataclass(slots=True, frozen=True)
+class Call:
+    """One sync ready to send: a script on the keys of one bucket (one hash slot)."""
 
-    async def tokens(
+    script: int
+    keys: tuple[str, ...]
+    args: tuple[object, ...]
+
+
+class LeaseStore(Protocol):
+    """Where leases are taken, synced and given back; each call atomic on its one bucket.
+
+    `tokens`, `slots` and `budget` only describe a sync; `run` sends many at once, one round
+    trip to each node they reach, and answers each with its grant or its own error."""
+
+    def tokens(
         self,
         bucket: Bucket,
         lease: str,
@@ -70,13 +88,16 @@ class LeaseStore(Protocol):
         need: float,
         want: float,
         ttl: float,
-    ) -> Grant:
+        pay: float = 0.0,
+    ) -> Call:
         """Lapse other leases past their deadline (their unused slices back into the level),
         refill the level, take `used` from this lease (beyond its slice: from the level),
         give back its unused slice beyond `keep`, then, when `need` > 0, take `need` (up to
-        `want`) from the level if it holds `need`. The lease lives until `now + ttl`."""
+        `want`) from the level if it holds `need`, `pay` of it spent at once rather than
+        added to the slice (a request's cost paid by the call that takes it). The lease lives
+        until `now + ttl`."""
 
-    async def slots(
+    def slots(
         self,
         slots: Slots,
         lease: str,
@@ -87,11 +108,11 @@ class LeaseStore(Protocol):
         need: int,
         want: int,
         ttl: int | float,
-    ) -> Grant:
+    ) -> Call:
         """Hold `must` slots (requests in flight: not checked), `keep` more (checked only when
         the lease had lapsed), and `need` (up to `want`) more if the limit leaves room."""
 
-    async def budget(
+    def budget(
         self,
         bucket: BudgetBucket,
         lease: str,
@@ -107,13 +128,17 @@ class LeaseStore(Protocol):
         settled: int,
         hold_s: float,
         acked: bool,
-    ) -> Grant:
+    ) -> Call:
         """Record `settled` nanos of spend as the unacknowledged entry `entry` (held `hold_s`;
         with `acked`, the ledger has it already: as acknowledged at `now`),
         then set this lease's open reservation to `must` (reservations in flight: not checked)
         + `keep` (checked only when the lease had lapsed) + `need` (up to `want`; a blocking
         budget gives it only if `level + need <= limit`). A newer ledger figure in `bucket`
         becomes the base, as in `Counters.reserve`."""
+
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        """Send `calls` together: each answered by its grant, or by the error Redis gave it.
+        Raises when the store could not be reached (then none is known to have run)."""
 
     async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
         """Entries of bucket `key` whose spend the ledger acknowledged at `now`."""
@@ -142,16 +167,13 @@ local function extra_of(room, need, want, holders)
 end
 """
 
-_TOKENS = (
-    LUA_COMMON
-    + _LUA_LEASES
-    + """
+_TOKENS_BODY = """
 -- KEYS[1]: the bucket's hash. ARGV: now, lease id, capacity, per_second, used, keep, need,
--- want, ttl. Reply: granted, the lease's unused slice, the level, lapsed (1/0).
+-- want, ttl, pay. Reply: granted, the lease's unused slice, the level, lapsed (1/0).
 local now_s, me = ARGV[1], 'l:' .. ARGV[2]
 local now, capacity, rate = tonumber(now_s), tonumber(ARGV[3]), tonumber(ARGV[4])
 local used, keep, need = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local want, ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
+local want, ttl, pay = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local h = redis.call('HGETALL', KEYS[1])
 local level, ts, mine, others, holders, back, lapsed = nil, nil, nil, 0, 0, 0, 0
 local gone = {}
@@ -187,7 +209,8 @@ local granted = 0
 if need > 0 then
   if level >= need then
     granted = need + extra_of(level, need, want, holders)
-    level, mine = level - granted, mine + granted
+    -- What the request that asked pays at once never enters the slice: no report is owed.
+    level, mine = level - granted, mine + granted - pay
   else
     granted = -1
   end
@@ -209,12 +232,8 @@ if rate > 0 then refill_s = (capacity - level) / rate end
 redis.call('PEXPIRE', KEYS[1], ms(math.max(refill_s, ttl) + MARGIN_S))
 return {num(granted), num(mine), num(level), lapsed}
 """
-)
 
-_SLOTS = (
-    LUA_COMMON
-    + _LUA_LEASES
-    + """
+_SLOTS_BODY = """
 -- KEYS[1]: the slots' hash. ARGV: now, lease id, limit, must, keep, need, want, ttl.
 -- Reply: granted, the lease's slots, the slots all leases hold, lapsed (1/0).
 local now, me, limit = tonumber(ARGV[1]), 'l:' .. ARGV[2], tonumber(ARGV[3])
@@ -256,13 +275,8 @@ else
 end
 return {granted, mine, others + mine, lapsed}
 """
-)
 
-_BUDGET = (
-    LUA_COMMON
-    + LUA_BUDGETS
-    + _LUA_LEASES
-    + """
+_BUDGET_BODY = """
 -- KEYS: hash, deadlines, acknowledged seconds. ARGV: now, lease id, ledger, ledger_as_of,
 -- expires_at, limit, blocking, had, must, keep, need, want, ttl, entry, settled, hold_s, acked.
 -- Reply: granted, the lease's slice, the bucket's level, lapsed (1/0).
@@ -319,24 +333,78 @@ b.open, b.level, b.sums = b.open + mine, b.level + mine, true
 budget_close(b, now, ARGV[5])
 return {granted, mine, b.level, lapsed}
 """
+
+
+_TOKENS = LUA_COMMON + _LUA_LEASES + _TOKENS_BODY
+_SLOTS = LUA_COMMON + _LUA_LEASES + _SLOTS_BODY
+_BUDGET = LUA_COMMON + LUA_BUDGETS + _LUA_LEASES + _BUDGET_BODY
+
+
+def _function(name: str, body: str) -> str:
+    """A script's body as a function of its keys and arguments (they shadow the globals)."""
+    return f"local function {name}(KEYS, ARGV)\n{body}\nend\n"
+
+
+_BATCH = (
+    LUA_COMMON
+    + LUA_BUDGETS
+    + _LUA_LEASES
+    + _function("tokens", _TOKENS_BODY)
+    + _function("slots", _SLOTS_BODY)
+    + _function("budget", _BUDGET_BODY)
+    + """
+-- Many syncs in one call. ARGV: per sync its script (0 tokens, 1 slots, 2 budget), its number
+-- of keys and of arguments, then its keys and its arguments. (The keys are not declared: on
+-- Cluster, declared keys must share one slot.) Reply: per sync its script's reply, or
+-- {'!', the error} (a sync's error leaves the others be).
+local scripts = {tokens, slots, budget}
+local replies = {}
+local a = 1
+while a <= #ARGV do
+  local script = scripts[tonumber(ARGV[a]) + 1]
+  local nk, na = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local keys, args = {}, {}
+  for i = 1, nk do keys[i] = ARGV[a + 2 + i] end
+  for i = 1, na do args[i] = ARGV[a + 2 + nk + i] end
+  a = a + 3 + nk + na
+  local ok, reply = pcall(script, keys, args)
+  if not ok then
+    if type(reply) == 'table' then reply = reply.err end
+    reply = {'!', tostring(reply)}
+  end
+  replies[#replies + 1] = reply
+end
+return replies
+"""
 )
+_BATCH_CLUSTER = "#!lua flags=allow-cross-slot-keys\n" + _BATCH
+"""On Redis Cluster, the syncs of one master in one call (Redis 7 and later)."""
+
+
+_TOKENS_SCRIPT, _SLOTS_SCRIPT, _BUDGET_SCRIPT = 0, 1, 2
+SCRIPTS = (_TOKENS, _SLOTS, _BUDGET)
+BUDGET_SCRIPT = _BUDGET_SCRIPT
+"""A budget sync's `Call.script`."""
 
 
 class RedisLeaseStore:
     """`LeaseStore` on Redis: a single server (or one Sentinel names) or a Redis Cluster
-    client alike, every call on one hash slot. Owns `client`: `close` closes it."""
+    client alike, every sync on one hash slot. Many syncs go out as one script call (on
+    Cluster, one per master: a script may span the slots of its master since Redis 7), each
+    sync in it as its own script would run it. Owns `client`: `close` closes it."""
 
     def __init__(self, client: Any, prefix: str = "vkgate:") -> None:
         self._client = client
         self._tokens_prefix = f"{prefix}tl:{{"
         self._slots_prefix = f"{prefix}sll:{{"
         self._budget_prefix = f"{prefix}bg:{{"
-        self._tokens = client.register_script(_TOKENS)
-        self._slots = client.register_script(_SLOTS)
-        self._budget = client.register_script(_BUDGET)
+        self._scripts = [client.register_script(script) for script in SCRIPTS]
+        self._cluster = hasattr(client, "get_node_from_key")
+        self._batch_script = client.register_script(_BATCH_CLUSTER if self._cluster else _BATCH)
+        self._batching = True
         self._ledgered = client.register_script(LEDGERED)
 
-    async def tokens(
+    def tokens(
         self,
         bucket: Bucket,
         lease: str,
@@ -347,14 +415,15 @@ class RedisLeaseStore:
         need: float,
         want: float,
         ttl: float,
-    ) -> Grant:
-        reply = await self._tokens(
-            keys=[self._tokens_prefix + bucket.key + "}"],
-            args=[now, lease, bucket.capacity, bucket.per_second, used, keep, need, want, ttl],
+        pay: float = 0.0,
+    ) -> Call:
+        return Call(
+            _TOKENS_SCRIPT,
+            (self._tokens_prefix + bucket.key + "}",),
+            (now, lease, bucket.capacity, bucket.per_second, used, keep, need, want, ttl, pay),
         )
-        return _grant(reply)
 
-    async def slots(
+    def slots(
         self,
         slots: Slots,
         lease: str,
@@ -365,14 +434,14 @@ class RedisLeaseStore:
         need: int,
         want: int,
         ttl: int | float,
-    ) -> Grant:
-        reply = await self._slots(
-            keys=[self._slots_prefix + slots.key + "}"],
-            args=[now, lease, slots.limit, must, keep, need, want, ttl],
+    ) -> Call:
+        return Call(
+            _SLOTS_SCRIPT,
+            (self._slots_prefix + slots.key + "}",),
+            (now, lease, slots.limit, must, keep, need, want, ttl),
         )
-        return _grant(reply)
 
-    async def budget(
+    def budget(
         self,
         bucket: BudgetBucket,
         lease: str,
@@ -388,11 +457,12 @@ class RedisLeaseStore:
         settled: int,
         hold_s: float,
         acked: bool,
-    ) -> Grant:
+    ) -> Call:
         hash_key = self._budget_prefix + bucket.key + "}"
-        reply = await self._budget(
-            keys=[hash_key, hash_key + ":dl", hash_key + ":ak"],
-            args=[
+        return Call(
+            _BUDGET_SCRIPT,
+            (hash_key, hash_key + ":dl", hash_key + ":ak"),
+            (
                 now,
                 lease,
                 bucket.ledger_nanos,
@@ -410,9 +480,81 @@ class RedisLeaseStore:
                 settled,
                 hold_s,
                 1 if acked else 0,
-            ],
+            ),
         )
+
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        if len(calls) == 1:
+            return [await self._one(calls[0])]
+        if not self._cluster:
+            return await self._batch(calls, None)
+        # One call per master: its syncs' keys lie in many slots, all of them its own.
+        await self._client.initialize()  # the slots' map, read once (then at once)
+        nodes: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            node = self._client.get_node_from_key(call.keys[0])
+            nodes.setdefault(node.name, (node, []))[1].append(i)
+        answers: list[Grant | Exception] = [_UNSENT] * len(calls)
+        groups = list(nodes.values())
+        sent = await asyncio.gather(
+            *(self._batch([calls[i] for i in at], node) for node, at in groups)
+        )
+        for (_, at), got in zip(groups, sent, strict=True):
+            for i, answer in zip(at, got, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _one(self, call: Call) -> Grant | Exception:
+        # One sync needs no batch; the script object loads itself where it is missing.
+        try:
+            reply = await self._scripts[call.script](keys=call.keys, args=call.args)
+        except ResponseError as exc:
+            return exc
         return _grant(reply)
+
+    async def _batch(self, calls: Sequence[Call], node: Any) -> list[Grant | Exception]:
+        """The syncs of one node in one script; one at a time where that fails (the Redis
+        before 7 without cross-slot scripts, a slot moving between masters)."""
+        if len(calls) == 1:
+            return [await self._one(calls[0])]
+        if not self._batching:
+            return await self._each(calls)
+        args: list[object] = []
+        for call in calls:
+            args.extend((call.script, len(call.keys), len(call.args)))
+            args.extend(call.keys)
+            args.extend(call.args)
+        options = {} if node is None else {"target_nodes": node}
+        try:
+            try:
+                replies = await self._client.execute_command(
+                    "EVALSHA", self._batch_script.sha, 0, *args, **options
+                )
+            except NoScriptError:
+                # A server that restarted (or a master that took over) has no scripts yet.
+                self._batch_script.sha = await self._client.script_load(self._batch_script.script)
+                replies = await self._client.execute_command(
+                    "EVALSHA", self._batch_script.sha, 0, *args, **options
+                )
+        except ResponseError as exc:
+            if isinstance(exc, NoScriptError):
+                raise
+            # A Redis before 7 refuses the script's flags: syncs go one by one from now on.
+            log.warning("limit syncs are sent one by one: %s", exc)
+            self._batching = False
+            return await self._each(calls)
+        answers = [_answer(reply) for reply in replies]
+        failed = [i for i, answer in enumerate(answers) if isinstance(answer, Exception)]
+        if failed and node is not None:
+            # A sync whose slot moved to another master meanwhile: sent on its own, the
+            # client follows the move (and learns the new map).
+            again = await self._each([calls[i] for i in failed])
+            for i, answer in zip(failed, again, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _each(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        return list(await asyncio.gather(*(self._one(call) for call in calls)))
 
     async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
         if not entries:
@@ -427,6 +569,16 @@ class RedisLeaseStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _answer(reply: list[Any]) -> Grant | Exception:
+    if reply and reply[0] in (b"!", "!"):
+        message = reply[1]
+        return ResponseError(message.decode() if isinstance(message, bytes) else message)
+    return _grant(reply)
+
+
+_UNSENT = ResponseError("not sent")
 
 
 def _grant(reply: list[Any]) -> Grant:

@@ -56,8 +56,6 @@ most this long of its spending unreported (it comes back into the counts with it
 ATTEMPTS = 32
 """Syncs one admission may wait for before it is refused (others on this replica kept taking
 what each sync brought): far more than a request needs but a bound all the same."""
-SYNCS_AT_ONCE = 64
-"""A tick's syncs in flight at once."""
 
 _TOKENS_STEP, _SLOTS_STEP, _BUDGETS_STEP = 0, 1, 2
 T = TypeVar("T")
@@ -281,6 +279,7 @@ class LeasedCounters:
         except Exception as exc:
             log.warning("could not give back limit leases at shutdown: %s", type(exc).__name__)
         finally:
+            await self._syncs.drain()
             await self._store.close()
 
     # The tick
@@ -328,12 +327,19 @@ class LeasedCounters:
             if tokens.sync is not None:
                 continue
             idle = force or tokens.used_at < idle_before
-            if idle and tokens.amount == 0 and tokens.spent == 0:
+            if idle and tokens.amount == 0 and tokens.spent == 0 and tokens.paid == 0:
                 del self._tokens[key]
             elif idle:
                 calls.append(self._syncs.tokens(tokens, now, 0.0, 0.0, returned=True))
-            elif tokens.spent or (tokens.amount and now - tokens.synced_at >= renew_after):
-                calls.append(self._syncs.tokens(tokens, now, None, 0.0))
+            elif (
+                tokens.spent
+                or tokens.paid
+                or (tokens.amount and now - tokens.synced_at >= renew_after)
+            ):
+                # A slice too small for one more request is given back with the report.
+                small = tokens.free() < tokens.asked
+                keep = 0.0 if small else None
+                calls.append(self._syncs.tokens(tokens, now, keep, 0.0, returned=small))
         for key, slots in list(self._slots.items()):
             if slots.sync is not None:
                 continue
@@ -359,20 +365,19 @@ class LeasedCounters:
             elif budget.unreported or (
                 now - budget.synced_at >= renew_after and (budget.amount or budget.reserved)
             ):
-                calls.append(self._syncs.budget(budget, now, None, 0))
+                # A slice too small for one more request is given back with the report: a
+                # key used now and then owes one call after its request, not two.
+                small = budget.free() < budget.asked
+                calls.append(
+                    self._syncs.budget(budget, now, 0 if small else None, 0, returned=small)
+                )
         return calls
 
     async def _each(self, calls: list[Awaitable[Grant]]) -> None:
-        failure: BaseException | None = None
-        for start in range(0, len(calls), SYNCS_AT_ONCE):
-            results = await asyncio.gather(
-                *calls[start : start + SYNCS_AT_ONCE], return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, BaseException) and failure is None:
-                    failure = result
-        if failure is not None:
-            raise failure
+        """Wait for the syncs (sent together: `Syncs`); raise the first failure."""
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
     # Token buckets
 
@@ -421,7 +426,8 @@ class LeasedCounters:
             lease.bucket = b
             free = max(0.0, lease.free()) if keep is None else 0.0
             need = b.cost - free if b.cost > free else 0.0
-            waits.append(self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0))
+            # The request pays what the slice lacks at once: its use owes no report.
+            waits.append(self._syncs.tokens(lease, now, keep, need, pay=need))
             started.append(b)
         return _first_refused(waits, started, lambda sent: _index_of(buckets, sent))
 
@@ -432,6 +438,10 @@ class LeasedCounters:
             return b.capacity if lease is None else min(b.capacity, b.capacity - lease.spent)
         free = lease.free()
         outside = lease.level + max(0.0, now - lease.synced_at) * b.per_second
+        if lease.spent < 0:
+            # Given back (a count corrected downwards of a cost paid at once): the level's
+            # once reported, though not this replica's to spend before then.
+            outside -= lease.spent
         outside = min(outside, b.capacity - lease.amount)
         return min(b.capacity, outside + free)
 
@@ -645,8 +655,17 @@ class LeasedCounters:
             tokens = self._tokens
             for b in buckets:
                 lease = tokens[b.key]
-                lease.spent += b.cost
-                lease.taken += b.cost
+                cost = b.cost
+                paid = lease.paid
+                if paid:
+                    # Paid in the store by the sync that brought it: spent, not to report.
+                    from_paid = paid if paid < cost else cost
+                    lease.paid = paid - from_paid
+                    lease.spent += cost - from_paid
+                else:
+                    lease.spent += cost
+                lease.taken += cost
+                lease.asked = cost
                 lease.used_at = now
             levels = self._levels(buckets, now, None)
         for s in slots:
@@ -669,6 +688,7 @@ class LeasedCounters:
                     reserved.reserved[request_id] = (amount, deadline)
                     reserved.reserved_sum += amount
                     reserved.taken += amount
+                    reserved.asked = amount
                     reserved.used_at = now
                     if deadline < reserved.lapse_at:
                         reserved.lapse_at = deadline

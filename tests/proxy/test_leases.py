@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from proxy.limits.lease_store import Grant, RedisLeaseStore
+from proxy.limits.lease_store import BUDGET_SCRIPT, Call, Grant, RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
-from proxy.limits.store import Bucket, BudgetBucket
+from proxy.limits.store import Bucket, BudgetBucket, Slots
 from proxy.settings import ProxySettings
 from tests.proxy.test_counters import delete_prefixed, redis_client
 from tests.support.clock import ManualClock
@@ -32,7 +32,8 @@ PAST = ManualClock(datetime(2001, 1, 1, tzinfo=UTC))
 
 
 class GatedStore(RedisLeaseStore):
-    """A Redis store whose budget syncs wait for `gate` while it is closed."""
+    """A Redis store whose budget syncs (and the syncs sent with them) wait for `gate` while
+    it is closed."""
 
     def __init__(self, prefix: str) -> None:
         super().__init__(redis_client(), prefix)
@@ -41,11 +42,12 @@ class GatedStore(RedisLeaseStore):
         self.gate.set()
         self.waiting = 0
 
-    async def budget(self, bucket: BudgetBucket, lease: str, now: float, **kw: Any) -> Grant:
-        self.waiting += 1
-        await self.gate.wait()
-        self.waiting -= 1
-        return await super().budget(bucket, lease, now, **kw)
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        if any(call.script == BUDGET_SCRIPT for call in calls):
+            self.waiting += 1
+            await self.gate.wait()
+            self.waiting -= 1
+        return await super().run(calls)
 
 
 @pytest.fixture
@@ -144,3 +146,79 @@ def test_lease_settings_are_read_and_checked() -> None:
             settings(VKGATE_LIMITS_LEASE_SECONDS=value)
     with pytest.raises(E.SettingError, match="VKGATE_REDIS_CLUSTER"):
         settings(VKGATE_REDIS_CLUSTER="maybe")
+
+
+class CountingStore(RedisLeaseStore):
+    """A store that records the syncs of each `run`: one `run` is one round trip per node."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self.runs: list[list[int]] = []
+
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        self.runs.append(sorted(call.script for call in calls))
+        return await super().run(calls)
+
+
+TOKENS_SCRIPT, SLOTS_SCRIPT = 0, 1
+
+
+async def test_a_rare_keys_request_makes_one_round_trip_in_and_one_out() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    store = CountingStore(redis_client(), prefix)
+    counters = LeasedCounters(store, PAST, ttl_s=TTL_S)
+    rpm = Bucket("rl:vk:a:rpm", capacity=10, per_second=0.0, cost=1)
+    rpd = Bucket("rl:vk:a:rpd", capacity=100, per_second=0.0, cost=1)
+    tpm = Bucket("rl:vk:a:tpm", capacity=1000, per_second=0.0, cost=300)
+    slots = Slots("cc:vk:a", limit=2, lease_s=LEASE_S)
+    try:
+        admission = await counters.admit(
+            "r1", [rpm, rpd, tpm], [slots], [budget()], [40], LEASE_S, T0
+        )
+        assert admission.admitted
+        assert admission.levels is not None and admission.levels.remaining == (9, 99, 700)
+        five = sorted([TOKENS_SCRIPT] * 3 + [SLOTS_SCRIPT, BUDGET_SCRIPT])
+        assert store.runs == [five], "every bucket new: one round trip for all five"
+
+        await counters.finish("r1", [], [slots], [budget()], [25], HOLD_S, T0 + 0.05)
+        await counters.tick(T0 + 0.25)
+        # The tokens were paid by the call that took them: only the budget owes a report, and
+        # what is left of its slice (15, less than the request's 40) goes back with it.
+        assert store.runs[1:] == [[BUDGET_SCRIPT]]
+        await counters.tick(T0 + 1.5)
+        assert store.runs[2:] == [[SLOTS_SCRIPT]], "the idle slot goes back; nothing else"
+        await counters.tick(T0 + 1.75)
+        assert len(store.runs) == 3, "nothing is left to sync"
+
+        # Another replica finds the buckets as one request left them.
+        other = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+        try:
+            seen = await other.admit(
+                "r2", [rpm, rpd, tpm], [slots], [budget()], [0], LEASE_S, T0 + 2
+            )
+            assert seen.levels is not None and seen.levels.remaining == (8, 98, 400)
+            assert seen.reservation is not None and seen.reservation.levels == (25,)
+        finally:
+            await other.close()
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
+
+
+async def test_a_token_paid_for_a_request_another_bucket_refused_goes_back() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    counters = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    rpm = Bucket("rl:vk:a:rpm", capacity=5, per_second=0.0, cost=1)
+    full = Slots("cc:vk:a", limit=0, lease_s=LEASE_S)
+    try:
+        refused = await counters.admit("r1", [rpm], [full], [], [], LEASE_S, T0)
+        assert not refused.admitted
+        await counters.tick(T0 + 1.5)  # idle: what it holds goes back
+        other = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+        try:
+            assert (await other.take([rpm], T0 + 2)).remaining == (4.0,), "the 5 are whole"
+        finally:
+            await other.close()
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
