@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -53,6 +55,10 @@ class Lease:
     all of it, and what it brings is added when it comes.)"""
     lapse_at: float = math.inf
     """The earliest deadline of what it holds (a request that never ended)."""
+    touched: bool = False
+    """Changed since the last tick: the next one looks at it."""
+    visit_at: float = math.inf
+    """When a tick is to look at it again unless it is touched before (`Schedule`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +118,48 @@ class BudgetLease(Lease):
 
     def free(self) -> int:
         return self.amount - self.reserved_sum - self.unreported
+
+
+class Schedule:
+    """The leases the next tick looks at: those touched since the last one (a request took,
+    gave back or settled; a sync answered), and those whose time to be looked at again has
+    come (to be renewed, to go idle, a request's hold to lapse). A tick costs what changed,
+    not every lease a replica holds."""
+
+    def __init__(self) -> None:
+        self.touched: list[Lease] = []
+        self._later: list[tuple[float, int, Lease]] = []
+        self._order = itertools.count()
+
+    def touch(self, lease: Lease) -> None:
+        if not lease.touched:
+            lease.touched = True
+            self.touched.append(lease)
+
+    def at(self, lease: Lease, when: float) -> None:
+        """Look at `lease` again at `when` (or at the earlier time already set)."""
+        if when < lease.visit_at:
+            lease.visit_at = when
+            heapq.heappush(self._later, (when, next(self._order), lease))
+
+    def due(self, now: float) -> list[Lease]:
+        """The leases to look at now, each once; they are untouched from then on."""
+        leases, self.touched = self.touched, []
+        later = self._later
+        while later and later[0][0] <= now:
+            when, _, lease = heapq.heappop(later)
+            if when != lease.visit_at:
+                continue  # set again, earlier: that entry came first
+            lease.visit_at = math.inf
+            if not lease.touched:
+                lease.touched = True
+                leases.append(lease)
+        for lease in leases:
+            lease.touched = False
+        return leases
+
+    def __len__(self) -> int:
+        return len(self._later)
 
 
 def fail(future: asyncio.Future[Grant], exc: BaseException) -> None:

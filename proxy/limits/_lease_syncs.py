@@ -23,6 +23,7 @@ from proxy.limits._lease_state import (
     Entry,
     Lease,
     LeaseStats,
+    Schedule,
     SlotsLease,
     TokensLease,
     fail,
@@ -54,8 +55,10 @@ class Syncs:
         ttl_s: float,
         stats: LeaseStats,
         entries: dict[tuple[str, str], Entry],
+        schedule: Schedule,
     ) -> None:
         self._store = store
+        self._schedule = schedule
         self._ttl = ttl_s
         self._stats = stats
         self._entries = entries
@@ -218,10 +221,13 @@ class Syncs:
         except BaseException as exc:
             for pending in batch:
                 _failed(pending, exc)
+                self._schedule.touch(pending.lease)
             if not isinstance(exc, Exception):
                 raise
             return
         for pending, answer in zip(batch, answers, strict=True):
+            # Looked at by the next tick, answered or not (what failed is sent again then).
+            self._schedule.touch(pending.lease)
             if isinstance(answer, Exception):
                 _failed(pending, answer)
                 continue

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, TypeVar
 from proxy.limits._lease_state import (
     BudgetLease,
     Entry,
+    Lease,
     LeaseStats,
+    Schedule,
     SlotsLease,
     TokensLease,
     lapse_reservations,
@@ -92,7 +94,8 @@ class LeasedCounters:
         self.on_failure: Callable[[BaseException], None] | None = None
         """Told when a tick's syncs fail: requests served from slices meet no Redis call, so
         the tick is often the first to find Redis gone."""
-        self._syncs = Syncs(store, ttl_s, self.stats, self._entries)
+        self._schedule = Schedule()
+        self._syncs = Syncs(store, ttl_s, self.stats, self._entries, self._schedule)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="limit-leases")
@@ -187,15 +190,18 @@ class LeasedCounters:
         hold_s: float,
         now: float,
     ) -> None:
+        touch = self._schedule.touch
         for b in adjust:
             lease = self._tokens.get(b.key)
             if lease is None:
                 lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b)
             lease.spent += b.cost
+            touch(lease)
         for s in slots:
             held = self._slots.get(s.key)
             if held is not None:
                 held.held.pop(request_id, None)
+                touch(held)
         if budgets or costs:
             self._settle(request_id, budgets, costs, hold_s, now)
 
@@ -319,59 +325,104 @@ class LeasedCounters:
 
     def _give_back(self, now: float, *, force: bool) -> list[Awaitable[Grant]]:
         """The syncs a tick (or, with `force`, the shutdown) makes, each started (its lease
-        marked as syncing) before anything else runs."""
+        marked as syncing) before anything else runs. A tick looks only at the leases the
+        schedule says are due; the shutdown at every one."""
         calls: list[Awaitable[Grant]] = []
-        idle_before = now - self._idle_s
-        renew_after = self._ttl / 2
-        for key, tokens in list(self._tokens.items()):
-            if tokens.sync is not None:
-                continue
-            idle = force or tokens.used_at < idle_before
-            if idle and tokens.amount == 0 and tokens.spent == 0 and tokens.paid == 0:
-                del self._tokens[key]
-            elif idle:
-                calls.append(self._syncs.tokens(tokens, now, 0.0, 0.0, returned=True))
-            elif (
-                tokens.spent
-                or tokens.paid
-                or (tokens.amount and now - tokens.synced_at >= renew_after)
-            ):
-                # A slice too small for one more request is given back with the report.
-                small = tokens.free() < tokens.asked
-                keep = 0.0 if small else None
-                calls.append(self._syncs.tokens(tokens, now, keep, 0.0, returned=small))
-        for key, slots in list(self._slots.items()):
-            if slots.sync is not None:
-                continue
-            if now >= slots.lapse_at:
-                lapse_slots(slots, now)
-            idle = force or slots.used_at < idle_before
-            if idle and slots.amount == 0 and not slots.held:
-                del self._slots[key]
-            elif idle and slots.amount > len(slots.held):
-                calls.append(self._syncs.slots(slots, now, 0, 0, returned=True))
-            elif now - slots.synced_at >= renew_after and (slots.amount or slots.held):
-                calls.append(self._syncs.slots(slots, now, None, 0))
-        for key, budget in list(self._budgets.items()):
-            if budget.sync is not None:
-                continue
-            if now >= budget.lapse_at:
-                lapse_reservations(budget, now)
-            idle = force or budget.used_at < idle_before
-            if idle and budget.amount == 0 and not budget.reserved and not budget.unreported:
-                del self._budgets[key]
-            elif idle and budget.free() > 0:
-                calls.append(self._syncs.budget(budget, now, 0, 0, returned=True))
-            elif budget.unreported or (
-                now - budget.synced_at >= renew_after and (budget.amount or budget.reserved)
-            ):
-                # A slice too small for one more request is given back with the report: a
-                # key used now and then owes one call after its request, not two.
-                small = budget.free() < budget.asked
-                calls.append(
-                    self._syncs.budget(budget, now, 0 if small else None, 0, returned=small)
-                )
+        schedule = self._schedule
+        leases: list[Lease]
+        if force:
+            leases = [*self._tokens.values(), *self._slots.values(), *self._budgets.values()]
+        else:
+            leases = schedule.due(now)
+        for lease in leases:
+            if lease.sync is not None:
+                continue  # looked at again once it answers
+            if isinstance(lease, TokensLease):
+                later = self._visit_tokens(lease, now, force, calls)
+            elif isinstance(lease, SlotsLease):
+                later = self._visit_slots(lease, now, force, calls)
+            else:
+                assert isinstance(lease, BudgetLease)
+                later = self._visit_budget(lease, now, force, calls)
+            if later is not None and not force:
+                schedule.at(lease, later)
         return calls
+
+    def _visit_tokens(
+        self, lease: TokensLease, now: float, force: bool, calls: list[Awaitable[Grant]]
+    ) -> float | None:
+        """Sync, forget or leave the lease; when left, the time to look at it again."""
+        assert lease.bucket is not None
+        key = lease.bucket.key
+        if self._tokens.get(key) is not lease:
+            return None  # forgotten, or another made since
+        idle_at = lease.used_at + self._idle_s
+        idle = force or idle_at < now
+        amount, spent = lease.amount, lease.spent
+        if idle and amount == 0 and spent == 0 and lease.paid == 0:
+            del self._tokens[key]
+        elif idle:
+            calls.append(self._syncs.tokens(lease, now, 0.0, 0.0, returned=True))
+        elif spent or lease.paid or (amount and now - lease.synced_at >= self._ttl / 2):
+            # Spent is reported every tick, not only at renewal: a replica that dies has its
+            # unused slice given back when it lapses, and use it had not reported counts as
+            # unused. A slice too small for one more request is given back with the report.
+            small = lease.free() < lease.asked
+            keep = 0.0 if small else None
+            calls.append(self._syncs.tokens(lease, now, keep, 0.0, returned=small))
+        else:
+            return min(idle_at, lease.synced_at + self._ttl / 2) if amount else idle_at
+        return None
+
+    def _visit_slots(
+        self, lease: SlotsLease, now: float, force: bool, calls: list[Awaitable[Grant]]
+    ) -> float | None:
+        assert lease.slots is not None
+        key = lease.slots.key
+        if self._slots.get(key) is not lease:
+            return None
+        if now >= lease.lapse_at:
+            lapse_slots(lease, now)
+        idle_at = lease.used_at + self._idle_s
+        idle = force or idle_at < now
+        renew_at = lease.synced_at + self._ttl / 2
+        if idle and lease.amount == 0 and not lease.held:
+            del self._slots[key]
+        elif idle and lease.amount > len(lease.held):
+            calls.append(self._syncs.slots(lease, now, 0, 0, returned=True))
+        elif now >= renew_at and (lease.amount or lease.held):
+            calls.append(self._syncs.slots(lease, now, None, 0))
+        else:
+            later = lease.lapse_at if idle else min(idle_at, lease.lapse_at)
+            return min(later, renew_at) if lease.amount or lease.held else later
+        return None
+
+    def _visit_budget(
+        self, lease: BudgetLease, now: float, force: bool, calls: list[Awaitable[Grant]]
+    ) -> float | None:
+        assert lease.bucket is not None
+        key = lease.bucket.key
+        if self._budgets.get(key) is not lease:
+            return None
+        if now >= lease.lapse_at:
+            lapse_reservations(lease, now)
+        idle_at = lease.used_at + self._idle_s
+        idle = force or idle_at < now
+        renew_at = lease.synced_at + self._ttl / 2
+        held = lease.amount or lease.reserved
+        if idle and lease.amount == 0 and not lease.reserved and not lease.unreported:
+            del self._budgets[key]
+        elif idle and lease.free() > 0:
+            calls.append(self._syncs.budget(lease, now, 0, 0, returned=True))
+        elif lease.unreported or (now >= renew_at and held):
+            # A slice too small for one more request is given back with the report: a key
+            # used now and then owes one call after its request, not two.
+            small = lease.free() < lease.asked
+            calls.append(self._syncs.budget(lease, now, 0 if small else None, 0, returned=small))
+        else:
+            later = lease.lapse_at if idle else min(idle_at, lease.lapse_at)
+            return min(later, renew_at) if held else later
+        return None
 
     async def _each(self, calls: list[Awaitable[Grant]]) -> None:
         """Wait for the syncs (sent together: `Syncs`); raise the first failure."""
@@ -636,6 +687,8 @@ class LeasedCounters:
                 if now + hold_s > lease.hold_until:
                     lease.hold_until = now + hold_s
                 lease.used_at = now
+            if not lease.touched:
+                self._schedule.touch(lease)
 
     # Shared
 
@@ -651,6 +704,7 @@ class LeasedCounters:
         groups: frozenset[int],
     ) -> Admission:
         levels = None
+        touch = self._schedule.touch
         if buckets:
             tokens = self._tokens
             for b in buckets:
@@ -667,6 +721,8 @@ class LeasedCounters:
                 lease.taken += cost
                 lease.asked = cost
                 lease.used_at = now
+                if not lease.touched:
+                    touch(lease)
             levels = self._levels(buckets, now, None)
         for s in slots:
             held = self._slots[s.key]
@@ -675,6 +731,8 @@ class LeasedCounters:
                 held.held[request_id] = deadline
                 held.taken += 1
                 held.used_at = now
+                if not held.touched:
+                    touch(held)
                 if deadline < held.lapse_at:
                     held.lapse_at = deadline
         reservation = None
@@ -690,6 +748,8 @@ class LeasedCounters:
                     reserved.taken += amount
                     reserved.asked = amount
                     reserved.used_at = now
+                    if not reserved.touched:
+                        touch(reserved)
                     if deadline < reserved.lapse_at:
                         reserved.lapse_at = deadline
             reservation = Reservation(True, groups, self._budget_levels(budgets))

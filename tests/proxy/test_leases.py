@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from proxy.limits._lease_state import Lease, Schedule
 from proxy.limits.lease_store import BUDGET_SCRIPT, Call, Grant, RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
 from proxy.limits.store import Bucket, BudgetBucket, Slots
 from proxy.settings import ProxySettings
+from proxy.telemetry.metrics import ProxyMetrics
 from tests.proxy.test_counters import delete_prefixed, redis_client
 from tests.support.clock import ManualClock
 from tests.support.env import INTERNAL_SECRET
@@ -219,6 +221,89 @@ async def test_a_token_paid_for_a_request_another_bucket_refused_goes_back() -> 
             assert (await other.take([rpm], T0 + 2)).remaining == (4.0,), "the 5 are whole"
         finally:
             await other.close()
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
+
+
+def test_a_tick_is_due_the_leases_touched_and_those_whose_time_came_each_once() -> None:
+    schedule = Schedule()
+    quiet, touched, due = (Lease(name) for name in ("quiet", "touched", "due"))
+    schedule.at(quiet, T0 + 1.0)
+    schedule.at(due, T0 + 0.5)
+    schedule.at(due, T0 + 0.9)  # a later time leaves the earlier one set
+    schedule.touch(touched)
+    schedule.touch(touched)
+    schedule.at(touched, T0 + 0.2)
+    assert schedule.due(T0 + 0.25) == [touched]
+    assert schedule.due(T0 + 0.5) == [due]
+    schedule.at(quiet, T0 + 0.6)  # earlier: the entry for T0 + 1 is stale from now on
+    assert schedule.due(T0 + 0.75) == [quiet]
+    assert schedule.due(T0 + 2.0) == [], "each lease once, stale entries dropped"
+    assert len(schedule) == 0
+
+
+async def test_spend_a_killed_replica_had_not_reported_counts_again_once_the_ledger_has_it() -> (
+    None
+):
+    """What a replica settled after its last report is lost with it, for at most a tick: its
+    slice lapses back into the budget, and the settled spend counts again when the ledger
+    (its spool, shipped once the replica is back) brings a newer figure."""
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    doomed_store = RedisLeaseStore(redis_client(), prefix)
+    doomed = LeasedCounters(doomed_store, PAST, ttl_s=TTL_S)
+    survivor = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    try:
+        assert (await doomed.reserve("r1", [budget()], [30], LEASE_S, T0)).admitted
+        await doomed.tick(T0 + 0.25)
+        await doomed.settle("r1", [budget()], [30], HOLD_S, T0 + 0.3)
+        # Killed before its next tick: no report, no shutdown.
+        await doomed_store.close()
+
+        after_lapse = T0 + 0.3 + TTL_S
+        probe = await survivor.reserve("p1", [budget()], [0], LEASE_S, after_lapse)
+        assert probe.levels == (0,), "the slice came back; the spend is missing meanwhile"
+
+        ledger = BudgetBucket("bg:b1:0", 100, 30, after_lapse, True, 0, None)
+        probe = await survivor.reserve("p2", [ledger], [0], LEASE_S, after_lapse + 0.1)
+        assert probe.levels == (30,), "the ledger's figure brings it back"
+    finally:
+        await survivor.close()
+        await delete_prefixed(prefix)
+
+
+async def test_the_metrics_count_slices_taken_returned_expired_and_revoked() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    counters = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    metrics = ProxyMetrics()
+    metrics.sources.limits_leases = lambda: counters.stats
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        value = metrics.registry.get_sample_value(name, labels or {})
+        assert value is not None, name
+        return value
+
+    rpm = Bucket("rl:vk:a:rpm", capacity=1000, per_second=0.0, cost=1)
+    try:
+        for _ in range(10):  # one sync, then a slice at the pace it is spent
+            assert (await counters.take([rpm], T0)).admitted
+        lowered = Bucket(rpm.key, capacity=500, per_second=0.0, cost=1)
+        assert (await counters.take([lowered], T0 + 0.1)).admitted  # the old slice goes back
+        await counters.tick(T0 + 1.5)  # idle: the new slice goes back
+        for _ in range(2):  # the first pays for itself; the second takes a slice
+            assert (await counters.take([lowered], T0 + 2)).admitted
+        # Not synced for longer than a time to live: the store had lapsed the slice.
+        assert (await counters.take([lowered], T0 + 2 + 2 * TTL_S)).admitted
+        events = {
+            event: sample("vkgate_limits_leases_total", {"event": event})
+            for event in ("taken", "returned", "expired", "revoked")
+        }
+        assert events == {"taken": 6, "returned": 1, "expired": 1, "revoked": 1}, events
+        local = sample("vkgate_limits_admissions_total", {"source": "lease"})
+        synced = sample("vkgate_limits_admissions_total", {"source": "redis"})
+        assert local + synced == 14
+        assert synced == 6, "each take of a slice was a request's"
+        assert sample("vkgate_limits_served_without_redis_ratio") == local / 14
     finally:
         await counters.close()
         await delete_prefixed(prefix)
