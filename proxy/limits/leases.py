@@ -363,7 +363,15 @@ class LeasedCounters:
             del self._tokens[key]
         elif idle:
             calls.append(self._syncs.tokens(lease, now, 0.0, 0.0, returned=True))
-        elif spent or lease.paid or (amount and now - lease.synced_at >= self._ttl / 2):
+        elif (
+            spent
+            or lease.paid
+            or (
+                amount
+                and now - lease.synced_at >= self._ttl / 2
+                and not self._idle_by_next_tick(lease, idle_at, now)
+            )
+        ):
             # Spent is reported every tick, not only at renewal: a replica that dies has its
             # unused slice given back when it lapses, and use it had not reported counts as
             # unused. A slice too small for one more request is given back with the report.
@@ -373,6 +381,12 @@ class LeasedCounters:
         else:
             return min(idle_at, lease.synced_at + self._ttl / 2) if amount else idle_at
         return None
+
+    def _idle_by_next_tick(self, lease: Lease, idle_at: float, now: float) -> bool:
+        """A slice due for renewal that goes idle before the next tick, and that the store
+        keeps until after it, is given back then rather than renewed now (a call saved for
+        each key used once in a while)."""
+        return idle_at < now + TICK_S and lease.synced_at + self._ttl > idle_at + TICK_S
 
     def _visit_slots(
         self, lease: SlotsLease, now: float, force: bool, calls: list[Awaitable[Grant]]
@@ -390,7 +404,11 @@ class LeasedCounters:
             del self._slots[key]
         elif idle and lease.amount > len(lease.held):
             calls.append(self._syncs.slots(lease, now, 0, 0, returned=True))
-        elif now >= renew_at and (lease.amount or lease.held):
+        elif (
+            now >= renew_at
+            and (lease.amount or lease.held)
+            and (lease.held or not self._idle_by_next_tick(lease, idle_at, now))
+        ):
             calls.append(self._syncs.slots(lease, now, None, 0))
         else:
             later = lease.lapse_at if idle else min(idle_at, lease.lapse_at)
@@ -414,7 +432,11 @@ class LeasedCounters:
             del self._budgets[key]
         elif idle and lease.free() > 0:
             calls.append(self._syncs.budget(lease, now, 0, 0, returned=True))
-        elif lease.unreported or (now >= renew_at and held):
+        elif lease.unreported or (
+            now >= renew_at
+            and held
+            and (lease.reserved or not self._idle_by_next_tick(lease, idle_at, now))
+        ):
             # A slice too small for one more request is given back with the report: a key
             # used now and then owes one call after its request, not two.
             small = lease.free() < lease.asked

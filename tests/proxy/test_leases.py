@@ -187,9 +187,11 @@ async def test_a_rare_keys_request_makes_one_round_trip_in_and_one_out() -> None
         # The tokens were paid by the call that took them: only the budget owes a report, and
         # what is left of its slice (15, less than the request's 40) goes back with it.
         assert store.runs[1:] == [[BUDGET_SCRIPT]]
-        await counters.tick(T0 + 1.5)
+        for quarter in range(2, 6):  # a tick every quarter second, T0 + 0.5 to T0 + 1.25
+            await counters.tick(T0 + quarter / 4)
+        # Due for renewal at T0 + 1 but idle by the next tick: given back then, not renewed.
         assert store.runs[2:] == [[SLOTS_SCRIPT]], "the idle slot goes back; nothing else"
-        await counters.tick(T0 + 1.75)
+        await counters.tick(T0 + 1.5)
         assert len(store.runs) == 3, "nothing is left to sync"
 
         # Another replica finds the buckets as one request left them.
