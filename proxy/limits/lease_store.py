@@ -1,8 +1,9 @@
-"""`RedisLeaseStore`: where replicas take their slices of each bucket, one bucket per call.
+"""`RedisLeaseStore`: where replicas take their slices of each bucket, one bucket per sync.
 
-Every call is one Lua script on the keys of one bucket, and those keys share one hash tag (the
-bucket's name in braces), so a call touches one hash slot: it runs alike on a single Redis, a
-Sentinel-managed one, and Redis Cluster, where buckets spread over every master.
+Every sync is one Lua script on the keys of one bucket, and those keys share one hash tag (the
+bucket's name in braces), so a sync touches one hash slot: it runs alike on a single Redis, a
+Sentinel-managed one, and Redis Cluster, where buckets spread over every master. Syncs sent
+together run in one script call per node, each as its own script would (`run`).
 
 A replica holds at most one lease per bucket, named by its lease id, and every call on it is a
 *sync*: the replica reports what it spent since the last one, says how much of its unused slice
