@@ -93,8 +93,9 @@ async def run(keys: int, redis_url: str) -> tuple[str, ...]:
         quiet = [
             await timed_tick(counters, clock, t0 + TICK_S * (2 + i)) for i in range(QUIET_TICKS)
         ]
-        idle = await timed_tick(counters, clock, t0 + TTL_S)
-        after = await timed_tick(counters, clock, t0 + TTL_S + TICK_S)
+        # The first tick after the slices went idle (half a time to live after their use).
+        idle = await timed_tick(counters, clock, t0 + TTL_S / 2 + TICK_S)
+        after = await timed_tick(counters, clock, t0 + TTL_S / 2 + 2 * TICK_S)
         left = sum(len(leases) for leases in (counters._tokens, counters._slots, counters._budgets))
         return (
             f"{keys:,}",
