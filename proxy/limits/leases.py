@@ -75,8 +75,6 @@ class LeasedCounters:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._ttl = ttl_s
-        self._idle_s = ttl_s / 2
         self._sleep = sleep
         self._id = replica or _random_id()
         self._tokens: dict[str, TokensLease] = {}
