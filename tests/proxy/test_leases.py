@@ -309,3 +309,26 @@ async def test_the_metrics_count_slices_taken_returned_expired_and_revoked() -> 
     finally:
         await counters.close()
         await delete_prefixed(prefix)
+
+
+async def test_a_request_cancelled_while_its_sync_is_out_leaves_the_sync_to_finish() -> None:
+    prefix = f"vkgate-test-{secrets.token_hex(6)}:"
+    counters = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+    rpm = Bucket("rl:vk:a:rpm", capacity=10, per_second=0.0, cost=1)
+    try:
+        first = asyncio.create_task(counters.take([rpm], T0))
+        await asyncio.sleep(0)  # it starts its sync, which pays for it
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        # The next request finds the sync answered (or waits for it) and spends what it paid.
+        assert (await counters.take([rpm], T0)).remaining == (9.0,)
+        await counters.tick(T0 + 1.5)
+        other = LeasedCounters(RedisLeaseStore(redis_client(), prefix), PAST, ttl_s=TTL_S)
+        try:
+            assert (await other.take([rpm], T0 + 2)).remaining == (8.0,), "paid once each"
+        finally:
+            await other.close()
+    finally:
+        await counters.close()
+        await delete_prefixed(prefix)
