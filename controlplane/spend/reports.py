@@ -28,6 +28,8 @@ from vkgate.money import nanos_to_usd
 FORMATS = ("json", "csv")
 _MONEY = {"cost_nano_usd": "cost_usd", "saved_nano_usd": "saved_usd"}
 """Nano-USD columns and the decimal USD fields they are given as."""
+MONEY_FIELDS: frozenset[str] = frozenset(_MONEY.values())
+"""The measures given as decimal USD strings."""
 MEASURE_FIELDS: tuple[str, ...] = tuple(_MONEY.get(m, m) for m, _ in MEASURES)
 LEDGER_FIELDS: tuple[str, ...] = tuple(_MONEY.get(c, c) for c in LEDGER_COLUMNS)
 

@@ -49,14 +49,15 @@ def _without_day(rows: list[dict[str, Any]], fields: list[str]) -> list[dict[str
             for measure in reports.MEASURE_FIELDS:
                 into[measure] = 0
         for measure in reports.MEASURE_FIELDS:
-            if measure == "cost_usd":
+            if measure in reports.MONEY_FIELDS:
                 into[measure] += usd_to_nanos(row[measure])
             elif measure == "audio_seconds":
                 into[measure] += Decimal(row[measure])
             else:
                 into[measure] += row[measure]
     for into in summed.values():
-        into["cost_usd"] = nanos_to_usd(into["cost_usd"])
+        for money in reports.MONEY_FIELDS:
+            into[money] = nanos_to_usd(into[money])
         into["audio_seconds"] = reports.seconds_text(into["audio_seconds"])
     return [
         summed[k] for k in sorted(summed, key=lambda key: tuple((v is None, v or "") for v in key))
