@@ -1,4 +1,4 @@
-"""What a chat request costs the proxy to send to a cloud credential, in process, step by step.
+"""What a chat or Responses request costs the proxy to send to a cloud credential, in process.
 
 For one OpenAI chat request (the body `bench/peers/chat.lua` sends) and one answer, µs per
 request of what the exchange does for each kind of credential: the body for the provider
@@ -8,7 +8,12 @@ the usage read off the answer and the answer rendered for the client; and the sa
 streamed answer (the provider's stream through its pipe). The `openai` row is chat's
 pass-through, for comparison.
 
-    .venv/bin/python bench/cloud_cost.py [--n 20000]
+With `--api responses` the request is a Responses API one (the same conversation, as
+`instructions` and `input`): passed through to the `openai` credential with its ids sealed,
+translated for the others; a `bedrock-via-chat` row translates it the way the first design
+would have, to a chat request and that to Converse, for comparison with the direct module.
+
+    .venv/bin/python bench/cloud_cost.py [--n 20000] [--api chat|responses]
 
 No network: the signer's keys are stored ones, the answers recorded ones.
 """
@@ -26,6 +31,10 @@ from proxy.providers import Operation, registry
 from proxy.providers._client import HttpClient
 from proxy.providers._connection import Timeouts
 from proxy.providers.base import Upstream, WireFormat
+from proxy.responses.exchange import ResponsesExchange
+from proxy.responses.ids import ResponseIds
+from proxy.translate import openai_converse, responses_openai
+from proxy.translate._responses_request import parse
 from vkgate.clock import SystemClock
 from vkgate.wire import ChainTarget
 
@@ -43,6 +52,42 @@ BODY = json.dumps(
         "max_tokens": 64,
     }
 ).encode()
+RESPONSES_BODY = json.dumps(
+    {
+        "model": "gpt-4o-mini",
+        "instructions": "You are a concise assistant. Answer in one sentence.",
+        "input": "What is the capital of France, and what river runs through it?",
+        "temperature": 0.2,
+        "max_output_tokens": 64,
+        "store": False,
+    }
+).encode()
+RESPONSES_ANSWER = json.dumps(
+    {
+        "id": "resp_bench0001",
+        "object": "response",
+        "created_at": 1700000000,
+        "status": "completed",
+        "model": "gpt-4o-mini-2024-07-18",
+        "output": [
+            {
+                "id": "msg_bench0001",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hello!", "annotations": []}],
+            }
+        ],
+        "usage": {
+            "input_tokens": 25,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 13,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 38,
+        },
+    }
+).encode()
+IDS = ResponseIds(["bench-secret-" + "x" * 32])
 TEXT = "Hello! This is a fixed reply from the benchmark mock upstream."
 ANSWERS = {
     "openai": json.dumps(
@@ -119,7 +164,22 @@ async def per_await(n: int, step: Callable[[], object]) -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
-def _exchange(stream: bool = False) -> ChatExchange:
+API = {"name": "chat"}
+
+
+def _exchange(stream: bool = False) -> ChatExchange | ResponsesExchange:
+    if API["name"] == "responses":
+        return ResponsesExchange(
+            RESPONSES_BODY.replace(b'"store": false', b'"stream": true')
+            if stream
+            else RESPONSES_BODY,
+            "gpt-4o-mini",
+            stream=stream,
+            stored=False,
+            ids=IDS,
+            organization_id="org_bench",
+            created=1,
+        )
     return ChatExchange(
         WireFormat.OPENAI,
         BODY,
@@ -131,8 +191,16 @@ def _exchange(stream: bool = False) -> ChatExchange:
     )
 
 
+def _via_chat(upstream: Upstream) -> bytes:
+    """The Responses request translated in two steps, to chat then to Converse."""
+    chat = responses_openai.request(parse(RESPONSES_BODY, "chat"), upstream.model)
+    return openai_converse.request(chat, upstream.model)
+
+
 async def row(kind: str, upstream: Upstream, n: int) -> str:
     answer = ANSWERS[kind]
+    if API["name"] == "responses" and kind == "openai":
+        answer = RESPONSES_ANSWER
     body_for = per_call(n, lambda: _exchange().body_for(upstream))
     auth = 0.0
     signer = upstream.signer
@@ -157,6 +225,9 @@ async def measure(n: int) -> None:
     )
     for kind, target in TARGETS.items():
         print(await row(kind, providers[kind].compile(target), n))
+    if API["name"] == "responses":
+        bedrock = providers["bedrock"].compile(TARGETS["bedrock"])
+        print(f"{'bedrock-via-chat':<10} {per_call(n, lambda: _via_chat(bedrock)):9.1f}")
 
 
 STREAMS = {
@@ -199,13 +270,44 @@ def _bedrock_stream() -> bytes:
 
 def _streamed(kind: str, upstream: Upstream) -> bytes:
     pipe = _exchange(stream=True).pipe(upstream)
-    return pipe.feed(STREAMS[kind]) + pipe.finish()
+    data = STREAMS[kind]
+    if API["name"] == "responses" and kind == "openai":
+        data = RESPONSES_STREAM
+    return pipe.feed(data) + pipe.finish()
+
+
+RESPONSES_STREAM = b"".join(
+    b"event: " + name.encode() + b"\ndata: " + json.dumps(data).encode() + b"\n\n"
+    for name, data in (
+        ("response.created", {"type": "response.created", "response": {"id": "resp_b2"}}),
+        (
+            "response.output_text.delta",
+            {"type": "response.output_text.delta", "delta": "A fixed", "sequence_number": 1},
+        ),
+        (
+            "response.output_text.delta",
+            {"type": "response.output_text.delta", "delta": " answer.", "sequence_number": 2},
+        ),
+        (
+            "response.completed",
+            {
+                "type": "response.completed",
+                "response": {
+                    "id": "resp_b2",
+                    "usage": {"input_tokens": 25, "output_tokens": 5, "total_tokens": 30},
+                },
+            },
+        ),
+    )
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--api", choices=("chat", "responses"), default="chat")
     args = parser.parse_args()
+    API["name"] = args.api
     STREAMS["bedrock"] = _bedrock_stream()
     asyncio.run(measure(args.n))
 

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import hmac
 import ipaddress
+from datetime import timedelta
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response, Router, get
@@ -20,6 +21,9 @@ from litestar.types import ControllerRouterHandler
 import vkgate
 from controlplane.auth import require_admin_token
 from controlplane.budgets.routes import BudgetController
+from controlplane.cache_rules.routes import CacheRuleController
+from controlplane.console import console_router, console_templates
+from controlplane.console.sessions import ConsoleSessions
 from controlplane.db import Database, create_engine, is_sqlite
 from controlplane.errors import EXCEPTION_HANDLERS, ApiError
 from controlplane.feed.listener import PostgresFeedListener
@@ -57,6 +61,7 @@ ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     VirtualKeyController,
     BudgetController,
     GuardrailController,
+    CacheRuleController,
     AdminTokenController,
     SpendController,
     audit_log,
@@ -167,11 +172,18 @@ def create_app(
             lifecycle.completed()
 
     admin = Router(path="/", route_handlers=ADMIN_CONTROLLERS, guards=[require_admin_token])
+    sessions = ConsoleSessions(
+        db,
+        app_clock,
+        idle=timedelta(minutes=settings.console_session_idle_minutes),
+        env_token_set=settings.admin_token is not None,
+    )
     app = Litestar(
-        route_handlers=[admin, internal_router, healthz, readyz, metrics],
+        route_handlers=[admin, internal_router, console_router(), healthz, readyz, metrics],
         dependencies=DEPENDENCIES,
         exception_handlers=EXCEPTION_HANDLERS,
-        state=State({"vk": state}),
+        template_config=console_templates(),
+        state=State({"vk": state, "console_sessions": sessions}),
         on_startup=[start],
         on_shutdown=[close],
         request_max_body_size=settings.max_body_bytes,

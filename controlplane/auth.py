@@ -88,6 +88,12 @@ async def _authenticate(
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None, "missing"
+    return await actor_of_token(state, token)
+
+
+async def actor_of_token(state: AppState, token: str) -> tuple[Actor | None, str]:
+    """The actor a presented admin token stands for, or None and why not (`invalid` or
+    `revoked`): the admin API's bearer tokens and the web console's sign-in both ask here."""
     configured = state.settings.admin_token
     if configured is not None and hmac.compare_digest(token.encode(), configured.encode()):
         return Actor(id=ENV_TOKEN_ACTOR, role=Role.ADMIN), ""

@@ -31,7 +31,12 @@ from controlplane.orgs.service import create_organization, create_project
 from controlplane.policies import service as policies
 from controlplane.policies.schemas import PolicyCreate, Target
 from controlplane.providers import service as providers
-from controlplane.providers.schemas import ProviderCreate, ProviderKind
+from controlplane.providers.schemas import (
+    PriceOverride,
+    ProviderCreate,
+    ProviderKind,
+    ProviderUpdate,
+)
 from controlplane.security import Cipher, Hasher, new_id
 from controlplane.settings import ControlPlaneSettings
 from controlplane.state import Tx
@@ -42,6 +47,12 @@ NAME = "demo"
 CHAT_ALIAS = "gpt-4o-mini"
 EMBEDDING_ALIAS = "text-embedding-3-small"
 KEY_FILE = "demo-key"
+PRICES = {
+    # What gpt-4o-mini and text-embedding-3-small are listed at, so the demo's spend, charts
+    # and budgets show amounts of a real size (the mock's models have no list price).
+    "mock-chat": PriceOverride(input_per_mtok="0.15", output_per_mtok="0.6"),
+    "mock-embedding": PriceOverride(input_per_mtok="0.02", output_per_mtok="0"),
+}
 
 M = TypeVar("M", bound=Base)
 
@@ -74,11 +85,21 @@ async def seed(settings: ControlPlaneSettings, home: Path, clock: Clock | None =
             project = await _named(tx, Project, org.id) or await create_project(
                 tx, organization_id=org.id, name=NAME, team_id=None
             )
+            cipher = Cipher(settings.encryption_key)
             provider = await _named(tx, Provider, org.id) or await providers.create(
                 tx,
-                Cipher(settings.encryption_key),
-                ProviderCreate(organization_id=org.id, name=NAME, kind=ProviderKind.MOCK),
+                cipher,
+                ProviderCreate(
+                    organization_id=org.id,
+                    name=NAME,
+                    kind=ProviderKind.MOCK,
+                    price_overrides=PRICES,
+                ),
             )
+            if not provider.price_overrides:  # seeded by a release whose demo had no prices
+                await providers.update(
+                    tx, cipher, provider.id, ProviderUpdate(price_overrides=PRICES)
+                )
             policy = await _named(tx, RoutingPolicy, org.id) or await policies.create(
                 tx,
                 PolicyCreate(

@@ -202,6 +202,22 @@ class Guardrail(Base):
     updated_at: Mapped[datetime]
 
 
+class CacheRule(Base):
+    """A response-cache rule: requests in its scope for a model its globs match are cached."""
+
+    __tablename__ = "cache_rules"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(200))
+    models: Mapped[list[str]]
+    ttl_seconds: Mapped[int] = mapped_column(Integer)
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
 class AdminToken(Base):
     __tablename__ = "admin_tokens"
     id: Mapped[str] = mapped_column(Id, primary_key=True)
@@ -276,3 +292,20 @@ class SchemaCompatibility(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     revision: Mapped[str] = mapped_column(String(32))
     compatible_from: Mapped[str] = mapped_column(String(32))
+
+
+class ConsoleSession(Base):
+    """A signed-in web console: the token it was opened with stands behind every request.
+
+    Only the SHA-256 of the session id (the cookie) is stored, as only hashes of keys are: a
+    copy of this table opens no console."""
+
+    __tablename__ = "console_sessions"
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(String(40))
+    """The admin token's id, or `env` for VKGATE_ADMIN_TOKEN; its revocation ends the session."""
+    role: Mapped[str] = mapped_column(String(16))
+    organization_id: Mapped[str | None] = mapped_column(String(40))
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime] = mapped_column(index=True)

@@ -15,6 +15,7 @@ DEFAULT_ADDR = "127.0.0.1:5560"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LEDGER_DATABASE = "vkgate"
 DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE = 30
+DEFAULT_CONSOLE_SESSION_IDLE_MINUTES = 30
 _DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -68,6 +69,8 @@ class ControlPlaneSettings:
     admin_auth_failures_per_minute: int = DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE
     """Failed admin authentications one client address may make in a minute before the rest
     of that minute is answered 429 (controlplane/throttle.py)."""
+    console_session_idle_minutes: int = DEFAULT_CONSOLE_SESSION_IDLE_MINUTES
+    """A web console session unused this long is over: its next request signs in again."""
     trusted_proxy_cidrs: tuple[str, ...] = ()
     """Networks (`10.0.0.0/8`) of peers whose `X-Forwarded-For` / `X-Real-IP` name the client address (an ingress in
     front of the admin API): the throttle then counts each client, not the ingress."""
@@ -130,6 +133,12 @@ class ControlPlaneSettings:
                 env,
                 "VKGATE_ADMIN_AUTH_FAILURES_PER_MINUTE",
                 DEFAULT_ADMIN_AUTH_FAILURES_PER_MINUTE,
+                minimum=1,
+            ),
+            console_session_idle_minutes=E.integer(
+                env,
+                "VKGATE_CONSOLE_SESSION_IDLE_MINUTES",
+                DEFAULT_CONSOLE_SESSION_IDLE_MINUTES,
                 minimum=1,
             ),
             trusted_proxy_cidrs=tuple(

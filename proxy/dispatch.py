@@ -1,8 +1,12 @@
 """Sending a request along an alias's credential chain and passing the answer back.
 
 The walk falls through to the next credential on a connect error, a timeout before the answer,
-a 429 or a 5xx; a provider's other 4xx is the answer. A credential whose circuit breaker is
-open, or whose provider asked to be left alone (`Retry-After`), is skipped without a call.
+a 429, a 401 or 403 (the provider refused the gateway's credential: another may hold the
+access it lacks) or a 5xx; a provider's other 4xx is the answer. A lone 429, 401 or 403, when
+no other credential was called, is passed back as the provider gave it, and so is the last
+401 or 403 when every credential refused the gateway's. A credential whose
+circuit breaker is open, or whose provider asked to be left alone (`Retry-After`), is skipped
+without a call.
 Nothing falls through once a byte reached the client: a stream is committed only when its
 first chunk arrived, and one that breaks later ends with an error event in the client's format.
 Before each further (paid) attempt the caller checks that the key may still be used. A client
@@ -17,6 +21,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from proxy.asgi import JSON, Receive, Send, Watch, respond
 from proxy.breaker import Breakers, CircuitBreaker
@@ -31,11 +36,15 @@ from proxy.usage import MalformedAnswer, TokenUsage
 from vkgate.errors import ErrorCode
 from vkgate.logs import event
 
+if TYPE_CHECKING:
+    from proxy.cache.service import CachedAnswer
+
 Recheck = Callable[[], Awaitable[None]]
 """Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
 log = logging.getLogger("vkgate.proxy")
 
 _CALL_FAILURES = (ProviderTimeout, ProviderUnreachable)
+_CREDENTIAL_REFUSED = frozenset({401, 403})
 
 
 @dataclass(slots=True)
@@ -65,6 +74,8 @@ class Outcome:
     estimated_output_tokens: int = 0
     """For a provider that reports no usage: chunks streamed (most send one token per
     chunk), or a tokenizer's count of a plain answer."""
+    cached: CachedAnswer | None = None
+    """The response-cache entry the answer came from, on a hit (no provider was called)."""
     on_answered: Callable[[], None] | None = None
     """Called once the answer is known and before its last byte goes out: the spend record is
     on disk before the client has the whole answer, so a killed process cannot lose it."""
@@ -99,7 +110,8 @@ def _failure_code(exc: BaseException) -> ErrorCode:
 
 
 class _Walk:
-    """One walk down a chain; holds a lone provider 429 in case it is the only answer."""
+    """One walk down a chain; holds a lone provider 429, 401 or 403 in case it is the only
+    answer."""
 
     __slots__ = (
         "_alias",
@@ -151,8 +163,12 @@ class _Walk:
                 if answer is not None:
                     return answer
             held, self._held = self._held, None
-            if held is not None and outcome.calls == 1 and len(outcome.causes) == 1:
-                # The one provider called refused with a 429: its own answer, passed through.
+            if held is not None and (
+                (outcome.calls == 1 and len(outcome.causes) == 1)
+                or all(cause.status in _CREDENTIAL_REFUSED for cause in outcome.causes)
+            ):
+                # The one provider called refused (429, 401, 403), or every one refused the
+                # gateway's credential: the last one's own answer, passed through, not a 5xx.
                 outcome.causes.pop()
                 return _Committed(*held)
             raise _exhausted(outcome.causes, self._breakers, self._untranslatable, self._unserved())
@@ -242,10 +258,14 @@ class _Walk:
             self._failed(upstream, breaker, None, _failure_code(exc), str(exc))
             return None
         status = reply.status
-        if status == 429:
-            breaker.rate_limited(reply.retry_after)
+        if status == 429 or status in _CREDENTIAL_REFUSED:
+            if status == 429:
+                breaker.rate_limited(reply.retry_after)
+                outcome.causes.append(_cause(upstream, 429, ErrorCode.PROVIDER_RATE_LIMITED))
+            else:
+                # Neither a failure of the provider's (the breaker is not told) nor the client's.
+                outcome.causes.append(_cause(upstream, status, ErrorCode.PROVIDER_ERROR))
             breaker.released()
-            outcome.causes.append(_cause(upstream, 429, ErrorCode.PROVIDER_RATE_LIMITED))
             if self._held is not None:
                 self._held[1].close()
             self._held = (upstream, reply)
@@ -399,6 +419,8 @@ def _told(cause: Cause) -> str:
     """One cause in words, for the error's message."""
     if cause.code in _TOLD:
         return f"provider {cause.provider} {_TOLD[cause.code]}"
+    if cause.status in _CREDENTIAL_REFUSED:
+        return f"provider {cause.provider} refused the gateway's credential (HTTP {cause.status})"
     if cause.status is not None:
         return f"provider {cause.provider} failed with HTTP {cause.status}"
     return f"provider {cause.provider} could not be reached"

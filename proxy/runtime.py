@@ -13,11 +13,12 @@ import hashlib
 import logging
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from cachetools import LRUCache
 
+from proxy.cache.rules import CacheScope, compile_rules
 from proxy.guardrails import KeyGuardrails, guardrails_of
 from proxy.limits.budgets import BudgetRule
 from proxy.limits.budgets import rules_of as budget_rules_of
@@ -57,9 +58,12 @@ class KeyRuntime:
     """The rules of the key's routing policy that read requests; None when it has none."""
     guardrails: KeyGuardrails | None = None
     """The guardrails whose scope holds the key; None when none does."""
-    denied: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    denied: Mapping[str, str] = field(default_factory=dict)
     """Aliases a `deny_models` rule refuses (all of their chain, or the alias itself), each
     with the rule's name: 403 `policy_violation`."""
+    cache_scopes: Mapping[str, CacheScope] = field(default_factory=dict)
+    """The aliases whose answers are cached for this key, each under its rule's scope; empty
+    for a key no cache rule covers (the cache step then costs one falsy check)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +161,7 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         rules=rules if rules is not None and rules.reads_requests else None,
         guardrails=guardrails_of(bundle.guardrails) if bundle.guardrails else None,
         denied=denied,
+        cache_scopes=compile_rules(bundle.cache_rules, routes.chains),
     )
 
 

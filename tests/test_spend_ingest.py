@@ -117,6 +117,10 @@ async def test_ledger_row_keeps_every_field_of_the_record(
             # An exact decimal in the ledger, to the millisecond.
             assert Decimal(row[field]) == Decimal(str(records[1].audio_seconds))
             continue
+        if field == "saved_nano_usd":
+            # Money leaves as decimal USD, as the cost does.
+            assert Decimal(row["saved_usd"]) == Decimal(records[1].saved_nano_usd) / 10**9
+            continue
         assert row[field] == getattr(records[1], field), field
     assert row["segment_id"] == seg.segment_id
     assert row["ingested_at"] == "2026-03-10T12:00:00Z"
@@ -211,6 +215,25 @@ async def test_mock_provider_costs_nothing(
     await shipped(client, clock, segment(records))
     (row,) = await ledger_rows(client, world.org)
     assert (row["cost_usd"], row["price_source"]) == ("0", "mock")
+
+
+async def test_mock_provider_with_price_overrides_is_priced_by_them(
+    client: Client, world: World, clock: ManualClock
+) -> None:
+    prices = {"mock-chat": {"input_per_mtok": "0.15", "output_per_mtok": "0.6"}}
+    mock = await add_provider(client, world.org, "demo", "mock", price_overrides=prices)
+    records = served(
+        world,
+        clock,
+        provider_id=mock,
+        provider_kind="mock",
+        upstream_model="mock-chat",
+        served_model="mock-chat",
+    )
+    await shipped(client, clock, segment(records))
+    (row,) = await ledger_rows(client, world.org)
+    # 1200 input tokens at $0.15 and 300 output at $0.6 per million.
+    assert (row["cost_usd"], row["price_source"]) == ("0.00036", "override")
 
 
 async def test_refusal_has_nothing_to_price(

@@ -117,6 +117,11 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     guardrails: dict[str, str] = {}
     """Each guardrail that applied, by name, and its outcome: `passed`, `blocked`,
     `redacted`, `warned` or `skipped`."""
+    cache_hit: bool = False
+    """Answered from the response cache: no provider was called, and the record's tokens are
+    0 (nothing was used); `saved_nano_usd` is what the answer cost when it was made."""
+    saved_nano_usd: int = 0
+    """On a cache hit, the price of the provider call it spared (nano-USD)."""
 
 
 class SpendSegment(msgspec.Struct, kw_only=True):

@@ -38,6 +38,9 @@ class EventKind(StrEnum):
     GUARDRAIL_CREATED = "GUARDRAIL_CREATED"
     GUARDRAIL_UPDATED = "GUARDRAIL_UPDATED"
     GUARDRAIL_DELETED = "GUARDRAIL_DELETED"
+    CACHE_RULE_CREATED = "CACHE_RULE_CREATED"
+    CACHE_RULE_UPDATED = "CACHE_RULE_UPDATED"
+    CACHE_RULE_DELETED = "CACHE_RULE_DELETED"
 
 
 class ResolveKeyRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -195,6 +198,19 @@ class GuardrailSpec(msgspec.Struct):
     """A moderation guardrail's provider credential."""
 
 
+class CacheRuleState(msgspec.Struct):
+    """A response-cache rule that applies to a key: its requests for an alias matching one of
+    `models` (globs) are answered from the cache for `ttl_seconds`. Only enabled rules whose
+    scope covers the key are sent."""
+
+    rule_id: str
+    scope_kind: str
+    """`organization`, `team`, `project` or `virtual_key`."""
+    scope_id: str
+    models: list[str]
+    ttl_seconds: int
+
+
 class ConfigBundle(msgspec.Struct):
     vk_id: str
     organization_id: str
@@ -214,6 +230,8 @@ class ConfigBundle(msgspec.Struct):
     """The rules of the key's routing policy, in order."""
     guardrails: list[GuardrailSpec] = []
     """The enabled guardrails whose scope holds the key (organization, team, project, key)."""
+    cache_rules: list[CacheRuleState] = []
+    """The response-cache rules that cover the key (none: nothing is cached for it)."""
 
 
 SPEND_MOVED = "budget_spend"

@@ -14,6 +14,7 @@ from controlplane.guardrails.service import open_secret
 from controlplane.keys.service import KeyStatus
 from controlplane.models import (
     Budget,
+    CacheRule,
     Guardrail,
     Project,
     Provider,
@@ -33,6 +34,7 @@ from vkgate.money import nanos_to_usd
 from vkgate.windows import window_bounds
 from vkgate.wire import (
     BudgetState,
+    CacheRuleState,
     ChainTarget,
     ConfigBundle,
     GuardrailSpec,
@@ -93,6 +95,7 @@ async def build(
         team_limits=msgspec.convert(team.limits, Limits) if team is not None else Limits(),
         rules=msgspec.convert(policy.rules, list[PolicyRule]) if policy and policy.rules else [],
         guardrails=await _guardrails(tx, cipher, key, project),
+        cache_rules=await _cache_rules(tx, key, project),
     )
 
 
@@ -266,3 +269,33 @@ async def _budgets(tx: Tx, key: VirtualKey, project: Project, now: datetime) -> 
             )
         )
     return states
+
+
+async def _cache_rules(tx: Tx, key: VirtualKey, project: Project) -> list[CacheRuleState]:
+    """The enabled cache rules whose scope covers the key."""
+    scopes = [
+        CacheRule.scope_kind == "organization",
+        and_(CacheRule.scope_kind == "project", CacheRule.scope_id == project.id),
+        and_(CacheRule.scope_kind == "virtual_key", CacheRule.scope_id == key.id),
+    ]
+    if project.team_id is not None:
+        scopes.append(and_(CacheRule.scope_kind == "team", CacheRule.scope_id == project.team_id))
+    rows = await tx.session.scalars(
+        select(CacheRule)
+        .where(
+            CacheRule.organization_id == key.organization_id,
+            CacheRule.enabled.is_(True),
+            or_(*scopes),
+        )
+        .order_by(CacheRule.id)
+    )
+    return [
+        CacheRuleState(
+            rule_id=row.id,
+            scope_kind=row.scope_kind,
+            scope_id=row.scope_id,
+            models=list(row.models),
+            ttl_seconds=row.ttl_seconds,
+        )
+        for row in rows
+    ]

@@ -51,6 +51,9 @@ MEASURES: tuple[tuple[str, str], ...] = (
     # Requests that spent something no price covers: their cost is 0 in the ledger.
     ("unpriced", "countIf(price_source = 'unpriced')"),
     ("cost_nano_usd", "sum(cost_nano_usd)"),
+    # Requests answered from the response cache, and what the provider calls they spared cost.
+    ("cache_hits", "countIf(cache_hit)"),
+    ("saved_nano_usd", "sum(saved_nano_usd)"),
 )
 
 
@@ -146,10 +149,23 @@ def spend(
     read's 7.4 ms, every row's sums in place). A window that does not start or end at midnight
     is refused.
     """
-    parameters: dict[str, Any] = {"org": organization_id}
+    return spend_across([(organization_id, f) for f in filters], since)
+
+
+def spend_across(
+    filters: Sequence[tuple[str, SpendFilter]], since: datetime | None = None
+) -> Query:
+    """As `spend`, each filter of its own organization: the budgets of many organizations
+    (the web console's lists) in one pass instead of a read each."""
+    organizations = sorted({organization_id for organization_id, _ in filters})
+    single = len(organizations) == 1
+    parameters: dict[str, Any] = {"org": organizations[0]} if single else {"orgs": organizations}
     sums = []
-    for i, wanted in enumerate(filters):
+    for i, (organization_id, wanted) in enumerate(filters):
         conditions = []
+        if not single:
+            parameters[f"o{i}"] = organization_id
+            conditions.append(f"organization_id = {{o{i}:String}}")
         if wanted.start is not None:
             parameters[f"s{i}"] = _day(wanted.start)
             conditions.append(f"day >= {{s{i}:Date}}")
@@ -162,8 +178,10 @@ def spend(
                 parameters[f"{column}{i}"] = value
                 conditions.append(f"{column} = {{{column}{i}:String}}")
         sums.append(f"sumIf(cost_nano_usd, {' AND '.join(conditions) or '1'})")
-    daily = rows = "organization_id = {org:String}"
-    starts = [f.start for f in filters]
+    daily = rows = (
+        "organization_id = {org:String}" if single else "organization_id IN {orgs:Array(String)}"
+    )
+    starts = [f.start for _, f in filters]
     earliest = None
     if starts and all(s is not None for s in starts):
         earliest = min(s for s in starts if s is not None)
@@ -171,7 +189,9 @@ def spend(
         daily += " AND day >= {lo:Date}"
         rows += f" AND at >= {{lo_at:{TIME}}}"
     columns = ", ".join(SCOPE_COLUMNS)
-    daily_part = f"SELECT cost_nano_usd, {columns}, day FROM {DAILY_TABLE} "  # noqa: S608
+    # One organization's read (a key's budgets, on every bundle) names no organization column.
+    owner = "" if single else "organization_id, "
+    daily_part = f"SELECT {owner}cost_nano_usd, {columns}, day FROM {DAILY_TABLE} "  # noqa: S608
     if since is not None and earliest is not None and earliest >= since + timedelta(days=1):
         sql = f"SELECT {', '.join(sums)} FROM ({daily_part}WHERE {daily})"  # noqa: S608
         return Query(sql, parameters)
@@ -180,8 +200,8 @@ def spend(
     sql = (
         f"SELECT {', '.join(sums)} FROM ("  # noqa: S608
         f"{daily_part}WHERE {daily} UNION ALL "
-        f"SELECT cost_nano_usd, {scopes}, toDate(at, 'UTC') AS day FROM ledger_rows FINAL "
-        f"WHERE {rows})"
+        f"SELECT {owner}cost_nano_usd, {scopes}, toDate(at, 'UTC') AS day "
+        f"FROM ledger_rows FINAL WHERE {rows})"
     )
     return Query(sql, parameters)
 
@@ -242,4 +262,63 @@ def unfinished(start: datetime, end: datetime) -> Query:
         f"NOT IN (SELECT replica_id, request_id FROM ledger_rows WHERE at >= {{start:{TIME}}}) "
         "ORDER BY at, id",
         {"start": start, "end": end},
+    )
+
+
+USAGE_SINCE = "(SELECT min(since) FROM ledger_usage_daily_since)"
+"""When the overview's daily sums began: rows ingested before are read from the ledger."""
+USAGE_DIMENSIONS = "[('virtual_key', ifNull(virtual_key_id, '')), ('model', ifNull(model, ''))]"
+
+
+def overview(
+    organizations: Sequence[str] | None,
+    month_start: datetime,
+    day_start: datetime,
+    top_keys: int = 5,
+) -> Query:
+    """This month's and today's served requests, refusals, failures and cost of each
+    organization by key (`dimension` virtual_key) and by model (`dimension` model), from the
+    daily sums of migrations/clickhouse/0005_usage_daily.sql and, for rows ingested before
+    they began, the ledger itself. Every row has one model value ('' for none), so an
+    organization's totals are the sum of its model rows.
+
+    `organizations` None reads every organization (a token bound to none)."""
+    parameters: dict[str, Any] = {
+        "month": month_start.date(),
+        "month_at": month_start,
+        "today": day_start.date(),
+    }
+    owners = ""
+    if organizations is not None:
+        owners = " AND organization_id IN {orgs:Array(String)}"
+        parameters["orgs"] = sorted(set(organizations))
+    measures = []
+    for prefix, condition in (("month_", "1"), ("today_", "day >= {today:Date}")):
+        measures += [
+            f"sumIf(requests, {condition}) AS {prefix}requests",
+            f"sumIf(refused, {condition}) AS {prefix}refused",
+            f"sumIf(failed, {condition}) AS {prefix}failed",
+            f"sumIf(cost_nano_usd, {condition}) AS {prefix}cost_nano_usd",
+        ]
+    # Every model row (an organization's totals are their sums) and the `top_keys` keys that
+    # spent most: tens of rows to the control plane, not one per key.
+    parameters["top_keys"] = top_keys
+    return Query(
+        "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY dimension "  # noqa: S608
+        "ORDER BY month_cost_nano_usd DESC, value) AS rank FROM ("
+        f"SELECT dimension, organization_id, value, {', '.join(measures)} FROM ("
+        "SELECT organization_id, day, dimension, value, requests, refused, failed, "
+        "cost_nano_usd FROM ledger_usage_daily "
+        f"WHERE day >= {{month:Date}}{owners} "
+        "UNION ALL "
+        "SELECT organization_id, toDate(at, 'UTC') AS day, pair.1 AS dimension, "
+        "pair.2 AS value, toUInt64(kind = 'confirm') AS n_requests, "
+        "toUInt64(kind = 'fail' AND refused) AS n_refused, "
+        "toUInt64(kind = 'fail' AND NOT refused) AS n_failed, cost_nano_usd AS n_cost "
+        f"FROM ledger_rows FINAL ARRAY JOIN {USAGE_DIMENSIONS} AS pair "
+        f"WHERE at >= {{month_at:{TIME}}} AND at < {USAGE_SINCE} + toIntervalDay(1) "
+        f"AND ingested_at < {USAGE_SINCE}{owners}"
+        ") GROUP BY dimension, organization_id, value)) "
+        "WHERE dimension = 'model' OR rank <= {top_keys:UInt32}",
+        parameters,
     )

@@ -201,6 +201,21 @@ class Ledger:
 
         return await self._run(work)
 
+    async def spend_across(
+        self, filters: Sequence[tuple[str, queries.SpendFilter]]
+    ) -> tuple[int, ...]:
+        """Nano-USD spent under each (organization, filter), in one read: the console's lists
+        of budgets of many organizations."""
+        if not filters:
+            return ()
+
+        def work(client: Any) -> tuple[int, ...]:
+            query = queries.spend_across(filters, self._since(client))
+            result = client.query(query.sql, parameters=query.parameters)
+            return tuple(int(v or 0) for v in result.result_rows[0])
+
+        return await self._run(work)
+
     def _since(self, client: Any) -> datetime:
         """When the daily sums began (see `queries.spend`), read again every `SINCE_TTL_S`.
 
@@ -221,6 +236,16 @@ class Ledger:
         self, period: queries.Period, after: tuple[datetime, str] | None, limit: int
     ) -> list[dict[str, Any]]:
         return await self._named(queries.rows(period, after, limit))
+
+    async def overview(
+        self,
+        organizations: Sequence[str] | None,
+        month_start: datetime,
+        day_start: datetime,
+        top_keys: int,
+    ) -> list[dict[str, Any]]:
+        """The web console's overview sums (see `queries.overview`)."""
+        return await self._named(queries.overview(organizations, month_start, day_start, top_keys))
 
     async def unfinished(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
         """Admits in [start, end) with no outcome: requests a proxy never finished."""

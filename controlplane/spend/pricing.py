@@ -10,7 +10,8 @@ Where a price comes from is kept on the row (`price_source`):
   a missing cache-read or cache-write rate is the input rate);
 - `genai-prices`: the bundled genai-prices data as of the record's time (`price_version` is the
   package version);
-- `mock`: the built-in offline `mock` provider, which costs nothing;
+- `mock`: the built-in offline `mock` provider, which costs nothing unless its own
+  `price_overrides` name the model (`vkgate up --demo` gives it list-like prices);
 - `unpriced`: tokens were spent on a model neither knows: written at cost 0, never refused;
 - `none`: nothing to price (no tokens: a refusal, or a failure before any answer).
 
@@ -466,8 +467,6 @@ class Pricer:
         kind = provider.kind if provider is not None else record.provider_kind
         if not (tokens.input or tokens.output or tokens.characters or tokens.audio_ms or images):
             return Price(0, PriceSource.NONE, "")
-        if kind == "mock":
-            return Price(0, PriceSource.MOCK, "")
         option = image_option(record.image_size, record.image_quality) if images else ""
         if provider is not None:
             for model in _candidates(record.upstream_model, record.served_model):
@@ -475,6 +474,8 @@ class Pricer:
                 if rates is not None and rates.covers(tokens, images, option):
                     nanos = rates.nanos(tokens, images, option)
                     return Price(nanos, PriceSource.OVERRIDE, provider.version)
+        if kind == "mock":  # free unless its overrides give it a price (the demo's do)
+            return Price(0, PriceSource.MOCK, "")
         genai_provider = GENAI_PROVIDER_IDS.get(kind or "")
         for model in _candidates(record.served_model, record.upstream_model):
             priced = self._genai_nanos(genai_provider, model, at, tokens)

@@ -11,12 +11,10 @@ from litestar.status_codes import HTTP_200_OK
 from sqlalchemy import select
 
 from controlplane.auth import UNBOUND_ONLY, Role
-from controlplane.errors import conflict
-from controlplane.models import AdminToken, AuditEntry, Organization
+from controlplane.models import AdminToken, AuditEntry
 from controlplane.schemas import Ident, Name, Page, Vk, actor_id, filtered, page
-from controlplane.security import new_admin_token, new_id
+from controlplane.tokens import service
 from vkgate.clock import rfc3339
-from vkgate.keys import display_prefix
 
 
 class TokenCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -86,34 +84,8 @@ class AdminTokenController(Controller):
     async def create(
         self, data: JSONBody[TokenCreate], vk: Vk, request: Request[Any, Any, Any]
     ) -> TokenWithSecret:
-        token = new_admin_token()
         async with vk.write(actor_id(request)) as tx:
-            if data.organization_id is not None:
-                await tx.get(
-                    Organization, data.organization_id, "organization", param="organization_id"
-                )
-            if await tx.session.scalar(select(AdminToken.id).where(AdminToken.name == data.name)):
-                raise conflict(f"an admin token named {data.name!r} already exists", param="name")
-            row = AdminToken(
-                id=new_id("tok"),
-                name=data.name,
-                role=data.role.value,
-                organization_id=data.organization_id,
-                token_hash=vk.hasher.of_secret(token),
-                pepper_id=vk.hasher.pepper_id,
-                prefix=display_prefix(token),
-                created_at=tx.clock.now(),
-                revoked_at=None,
-            )
-            tx.session.add(row)
-            # A bound token's creation is its organization's entry: its admins see who got in.
-            await tx.audit(
-                "admin_token.create",
-                "admin_token",
-                row.id,
-                row.organization_id,
-                {"role": row.role},
-            )
+            row, token = await service.create(tx, vk.hasher, data)
         return TokenWithSecret(**msgspec.structs.asdict(token_read(row)), token=token)
 
     @get("/")
@@ -131,10 +103,7 @@ class AdminTokenController(Controller):
         self, token_id: FromPath[str], vk: Vk, request: Request[Any, Any, Any]
     ) -> TokenRead:
         async with vk.write(actor_id(request)) as tx:
-            row = await tx.get(AdminToken, token_id, "admin token")
-            if row.revoked_at is None:
-                row.revoked_at = tx.clock.now()
-                await tx.audit("admin_token.revoke", "admin_token", row.id, row.organization_id)
+            row = await service.revoke(tx, token_id)
         return token_read(row)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -42,6 +44,9 @@ class Lease:
     used_at: float = -math.inf
     taken: float = 0.0
     """Units taken since the last sync: how fast it is spent, for the next slice's size."""
+    asked: float = 0.0
+    """What the last request took of it: a slice left smaller than that is of no use to the
+    next, which would have to sync anyway, so a report gives it back."""
     sync: asyncio.Future[Grant] | None = None
     """The sync in flight, if any: one at a time per lease."""
     closing: bool = False
@@ -50,6 +55,10 @@ class Lease:
     all of it, and what it brings is added when it comes.)"""
     lapse_at: float = math.inf
     """The earliest deadline of what it holds (a request that never ended)."""
+    touched: bool = False
+    """Changed since the last tick: the next one looks at it."""
+    visit_at: float = math.inf
+    """When a tick is to look at it again unless it is touched before (`Schedule`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -61,12 +70,15 @@ class TokensLease(Lease):
     """Spent since the last sync (a correction may be negative)."""
     level: float = math.nan
     """The bucket's level outside every lease at the last sync (nan: never synced)."""
+    paid: float = 0.0
+    """Tokens a sync took and spent in the store at once for the request that asked, not yet
+    taken by it (or by another request of this replica meanwhile, which is as good)."""
 
     def free(self) -> float:
         """What may be taken locally: tokens given back (a count corrected downwards) are
         spendable only once the store has them, within the capacity."""
         spent = self.spent
-        return self.amount - spent if spent > 0 else self.amount
+        return (self.amount - spent if spent > 0 else self.amount) + self.paid
 
 
 @dataclass(slots=True, eq=False)
@@ -106,6 +118,48 @@ class BudgetLease(Lease):
 
     def free(self) -> int:
         return self.amount - self.reserved_sum - self.unreported
+
+
+class Schedule:
+    """The leases the next tick looks at: those touched since the last one (a request took,
+    gave back or settled; a sync answered), and those whose time to be looked at again has
+    come (to be renewed, to go idle, a request's hold to lapse). A tick costs what changed,
+    not every lease a replica holds."""
+
+    def __init__(self) -> None:
+        self.touched: list[Lease] = []
+        self._later: list[tuple[float, int, Lease]] = []
+        self._order = itertools.count()
+
+    def touch(self, lease: Lease) -> None:
+        if not lease.touched:
+            lease.touched = True
+            self.touched.append(lease)
+
+    def at(self, lease: Lease, when: float) -> None:
+        """Look at `lease` again at `when` (or at the earlier time already set)."""
+        if when < lease.visit_at:
+            lease.visit_at = when
+            heapq.heappush(self._later, (when, next(self._order), lease))
+
+    def due(self, now: float) -> list[Lease]:
+        """The leases to look at now, each once; they are untouched from then on."""
+        leases, self.touched = self.touched, []
+        later = self._later
+        while later and later[0][0] <= now:
+            when, _, lease = heapq.heappop(later)
+            if when != lease.visit_at:
+                continue  # set again, earlier: that entry came first
+            lease.visit_at = math.inf
+            if not lease.touched:
+                lease.touched = True
+                leases.append(lease)
+        for lease in leases:
+            lease.touched = False
+        return leases
+
+    def __len__(self) -> int:
+        return len(self._later)
 
 
 def fail(future: asyncio.Future[Grant], exc: BaseException) -> None:

@@ -1,14 +1,15 @@
-"""`RedisLeaseStore`: where replicas take their slices of each bucket, one bucket per call.
+"""`RedisLeaseStore`: where replicas take their slices of each bucket, one bucket per sync.
 
-Every call is one Lua script on the keys of one bucket, and those keys share one hash tag (the
-bucket's name in braces), so a call touches one hash slot: it runs alike on a single Redis, a
-Sentinel-managed one, and Redis Cluster, where buckets spread over every master.
+Every sync is one Lua script on the keys of one bucket, and those keys share one hash tag (the
+bucket's name in braces), so a sync touches one hash slot: it runs alike on a single Redis, a
+Sentinel-managed one, and Redis Cluster, where buckets spread over every master. Syncs sent
+together run in one script call per node, each as its own script would (`run`).
 
 A replica holds at most one lease per bucket, named by its lease id, and every call on it is a
 *sync*: the replica reports what it spent since the last one, says how much of its unused slice
 it keeps, and may ask for more (`need`, checked against what is left; `want`, the most it would
 take). What it is given beyond `need` shrinks as the bucket empties: at most a `SHARE`-th of
-what is left (divided again among the replicas holding leases), so far from the limit a slice
+what is left (divided again among the replicas holding leases: `proxy.limits._lease_lua`), so far from the limit a slice
 lasts many requests and near it a slice is one request, every request a sync, exactly as
 exact as a call per request. A lease lives `ttl` seconds from its last sync; a replica that
 stops syncing (it died) has its unused slice given back by the next call that finds it lapsed.
@@ -27,16 +28,28 @@ Layout (P is the prefix):
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.limits._budget_lua import LEDGERED, LUA_BUDGETS, LUA_COMMON
+from redis.exceptions import NoScriptError, ResponseError
+
+from proxy.limits._budget_lua import LEDGERED
+from proxy.limits._lease_lua import (
+    BATCH,
+    BATCH_CLUSTER,
+    BUDGET_SCRIPT,
+    SCRIPTS,
+    SLOTS_SCRIPT,
+    TOKENS_SCRIPT,
+)
 from proxy.limits.store import Bucket, BudgetBucket, Slots
 
-SHARE = 4
-"""A slice beyond what a request needs is at most this share of what is left (and of that, one
-part per replica holding a lease): the fleet's idle slices stay a fraction of what is left."""
+log = logging.getLogger("vkgate.proxy.limits")
+
+__all__ = ["BUDGET_SCRIPT", "Call", "Grant", "LeaseStore", "RedisLeaseStore"]
 
 
 @dataclass(slots=True)
@@ -56,10 +69,22 @@ class Grant:
     """The lease had lapsed in the store before this call (the replica did not sync in time)."""
 
 
-class LeaseStore(Protocol):
-    """Where leases are taken, synced and given back; each call atomic on its one bucket."""
+@dataclass(slots=True, frozen=True)
+class Call:
+    """One sync ready to send: a script on the keys of one bucket (one hash slot)."""
 
-    async def tokens(
+    script: int
+    keys: tuple[str, ...]
+    args: tuple[object, ...]
+
+
+class LeaseStore(Protocol):
+    """Where leases are taken, synced and given back; each call atomic on its one bucket.
+
+    `tokens`, `slots` and `budget` only describe a sync; `run` sends many at once, one round
+    trip to each node they reach, and answers each with its grant or its own error."""
+
+    def tokens(
         self,
         bucket: Bucket,
         lease: str,
@@ -70,13 +95,16 @@ class LeaseStore(Protocol):
         need: float,
         want: float,
         ttl: float,
-    ) -> Grant:
+        pay: float = 0.0,
+    ) -> Call:
         """Lapse other leases past their deadline (their unused slices back into the level),
         refill the level, take `used` from this lease (beyond its slice: from the level),
         give back its unused slice beyond `keep`, then, when `need` > 0, take `need` (up to
-        `want`) from the level if it holds `need`. The lease lives until `now + ttl`."""
+        `want`) from the level if it holds `need`, `pay` of it spent at once rather than
+        added to the slice (a request's cost paid by the call that takes it). The lease lives
+        until `now + ttl`."""
 
-    async def slots(
+    def slots(
         self,
         slots: Slots,
         lease: str,
@@ -87,11 +115,11 @@ class LeaseStore(Protocol):
         need: int,
         want: int,
         ttl: int | float,
-    ) -> Grant:
+    ) -> Call:
         """Hold `must` slots (requests in flight: not checked), `keep` more (checked only when
         the lease had lapsed), and `need` (up to `want`) more if the limit leaves room."""
 
-    async def budget(
+    def budget(
         self,
         bucket: BudgetBucket,
         lease: str,
@@ -107,13 +135,17 @@ class LeaseStore(Protocol):
         settled: int,
         hold_s: float,
         acked: bool,
-    ) -> Grant:
+    ) -> Call:
         """Record `settled` nanos of spend as the unacknowledged entry `entry` (held `hold_s`;
         with `acked`, the ledger has it already: as acknowledged at `now`),
         then set this lease's open reservation to `must` (reservations in flight: not checked)
         + `keep` (checked only when the lease had lapsed) + `need` (up to `want`; a blocking
         budget gives it only if `level + need <= limit`). A newer ledger figure in `bucket`
         becomes the base, as in `Counters.reserve`."""
+
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        """Send `calls` together: each answered by its grant, or by the error Redis gave it.
+        Raises when the store could not be reached (then none is known to have run)."""
 
     async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
         """Entries of bucket `key` whose spend the ledger acknowledged at `now`."""
@@ -124,219 +156,24 @@ class LeaseStore(Protocol):
     async def close(self) -> None: ...
 
 
-_LUA_LEASES = f"""
-local SHARE = {SHARE}
--- Parse a lease field "<amount> <deadline>".
-local function lease_of(value)
-  local amount, deadline = string.match(value, '^(%S+) (%S+)$')
-  return tonumber(amount), tonumber(deadline)
-end
-
--- The extra beyond `need` a sync may give: up to want - need, at most a share of what is left
--- beyond need, divided among the holders.
-local function extra_of(room, need, want, holders)
-  local extra = math.floor((room - need) / (SHARE * (holders + 1)))
-  if extra > want - need then extra = want - need end
-  if extra < 0 then extra = 0 end
-  return extra
-end
-"""
-
-_TOKENS = (
-    LUA_COMMON
-    + _LUA_LEASES
-    + """
--- KEYS[1]: the bucket's hash. ARGV: now, lease id, capacity, per_second, used, keep, need,
--- want, ttl. Reply: granted, the lease's unused slice, the level, lapsed (1/0).
-local now_s, me = ARGV[1], 'l:' .. ARGV[2]
-local now, capacity, rate = tonumber(now_s), tonumber(ARGV[3]), tonumber(ARGV[4])
-local used, keep, need = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local want, ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
-local h = redis.call('HGETALL', KEYS[1])
-local level, ts, mine, others, holders, back, lapsed = nil, nil, nil, 0, 0, 0, 0
-local gone = {}
-for i = 1, #h, 2 do
-  local field, value = h[i], h[i + 1]
-  if field == 'level' then level = tonumber(value)
-  elseif field == 'ts' then ts = tonumber(value)
-  else
-    local amount, deadline = lease_of(value)
-    if deadline <= now then
-      -- Lapsed: its replica stopped syncing; its unused slice comes back.
-      back = back + amount
-      gone[#gone + 1] = field
-      if field == me then lapsed = 1 end
-    elseif field == me then mine = amount
-    else
-      others, holders = others + amount, holders + 1
-    end
-  end
-end
-if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
-if level == nil or ts == nil then level, ts = capacity, now end
-level = level + back + math.max(0, now - ts) * rate
-if ts < now then ts = now end
-mine = (mine or 0) - used
--- Spent beyond the slice (a token count corrected upwards, or a lapsed lease): from the level.
-if mine < 0 then level, mine = level + mine, 0 end
-if keep < mine then level, mine = level + mine - keep, keep end
--- Never more than the capacity, the leases' unused slices counted in.
-local room = capacity - others - mine
-if level > room then level = room end
-local granted = 0
-if need > 0 then
-  if level >= need then
-    granted = need + extra_of(level, need, want, holders)
-    level, mine = level - granted, mine + granted
-  else
-    granted = -1
-  end
-end
-if mine > 0 then
-  redis.call('HSET', KEYS[1], me, num(mine) .. ' ' .. num(now + ttl), 'level', num(level),
-             'ts', num(ts))
-else
-  redis.call('HDEL', KEYS[1], me)
-  if holders == 0 and level >= capacity then
-    -- Full, and no lease: the same as a bucket never seen.
-    redis.call('DEL', KEYS[1])
-    return {num(granted), '0', num(level), lapsed}
-  end
-  redis.call('HSET', KEYS[1], 'level', num(level), 'ts', num(ts))
-end
-local refill_s = 86400
-if rate > 0 then refill_s = (capacity - level) / rate end
-redis.call('PEXPIRE', KEYS[1], ms(math.max(refill_s, ttl) + MARGIN_S))
-return {num(granted), num(mine), num(level), lapsed}
-"""
-)
-
-_SLOTS = (
-    LUA_COMMON
-    + _LUA_LEASES
-    + """
--- KEYS[1]: the slots' hash. ARGV: now, lease id, limit, must, keep, need, want, ttl.
--- Reply: granted, the lease's slots, the slots all leases hold, lapsed (1/0).
-local now, me, limit = tonumber(ARGV[1]), 'l:' .. ARGV[2], tonumber(ARGV[3])
-local must, keep, need = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local want, ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
-local h = redis.call('HGETALL', KEYS[1])
-local others, holders, had, lapsed = 0, 0, false, 0
-local gone = {}
-for i = 1, #h, 2 do
-  local field = h[i]
-  local amount, deadline = lease_of(h[i + 1])
-  if deadline <= now then
-    gone[#gone + 1] = field
-    if field == me then lapsed = 1 end
-  elseif field == me then had = true
-  else
-    others, holders = others + amount, holders + 1
-  end
-end
-if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
-local room = limit - others - must
-if not had and keep > room then keep = math.max(0, room) end
-local mine = must + keep
-room = room - keep
-local granted = 0
-if need > 0 then
-  if room >= need then
-    granted = need + extra_of(room, need, want, holders)
-    mine = mine + granted
-  else
-    granted = -1
-  end
-end
-if mine > 0 then
-  redis.call('HSET', KEYS[1], me, int(mine) .. ' ' .. num(now + ttl))
-  redis.call('PEXPIRE', KEYS[1], ms(ttl + MARGIN_S))
-else
-  redis.call('HDEL', KEYS[1], me)
-end
-return {granted, mine, others + mine, lapsed}
-"""
-)
-
-_BUDGET = (
-    LUA_COMMON
-    + LUA_BUDGETS
-    + _LUA_LEASES
-    + """
--- KEYS: hash, deadlines, acknowledged seconds. ARGV: now, lease id, ledger, ledger_as_of,
--- expires_at, limit, blocking, had, must, keep, need, want, ttl, entry, settled, hold_s, acked.
--- Reply: granted, the lease's slice, the bucket's level, lapsed (1/0).
-local now_s, me = ARGV[1], 'o:' .. ARGV[2]
-local now = tonumber(now_s)
-local limit, blocking, had = tonumber(ARGV[6]), ARGV[7] == '1', ARGV[8] == '1'
-local must, keep, need = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local want, ttl, settled = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[15])
-local b = budget_open(KEYS[1], KEYS[2], KEYS[3], now, now_s, ARGV[3], ARGV[4], {me})
-local old = b.mine[me]
-local lapsed = 0
-if old == nil then
-  old = 0
-  if had then lapsed = 1 end
-end
-b.open, b.level = b.open - old, b.level - old
-if settled ~= 0 and ARGV[17] == '1' then
-  -- The ledger has every request of the entry already: acknowledged now, as `ledgered` would.
-  local second = int(math.floor(now))
-  b.ack, b.level, b.sums = (b.ack or 0) + settled, b.level + settled, true
-  redis.call('HINCRBY', b.hash, 'a:' .. second, int(settled))
-  redis.call('ZADD', b.ak, second, second)
-  local ttl = redis.call('PTTL', b.hash)
-  if ttl > 0 then redis.call('PEXPIRE', b.ak, ttl) end
-elseif settled ~= 0 then
-  local field = 'u:' .. ARGV[14]
-  b.set[field] = ARGV[15]
-  b.unl, b.level = b.unl + settled, b.level + settled
-  redis.call('ZADD', b.dl, num(now + tonumber(ARGV[16])), field)
-  b.added = true
-end
-local room = limit - b.level - must
-if lapsed == 1 and blocking and keep > room then keep = math.max(0, room) end
-local mine = must + keep
-room = room - keep
-local granted = 0
-if need > 0 then
-  if blocking and need > room then
-    granted = -1
-  else
-    granted = need + extra_of(math.max(room, need), need, want, 0)
-  end
-end
-if granted > 0 then mine = mine + granted end
-if mine > 0 then
-  b.set[me] = int(mine)
-  redis.call('ZADD', b.dl, num(now + ttl), me)
-  b.added = true
-elseif old > 0 then
-  redis.call('HDEL', b.hash, me)
-  redis.call('ZREM', b.dl, me)
-end
-b.open, b.level, b.sums = b.open + mine, b.level + mine, true
-budget_close(b, now, ARGV[5])
-return {granted, mine, b.level, lapsed}
-"""
-)
-
-
 class RedisLeaseStore:
     """`LeaseStore` on Redis: a single server (or one Sentinel names) or a Redis Cluster
-    client alike, every call on one hash slot. Owns `client`: `close` closes it."""
+    client alike, every sync on one hash slot. Many syncs go out as one script call (on
+    Cluster, one per master: a script may span the slots of its master since Redis 7), each
+    sync in it as its own script would run it. Owns `client`: `close` closes it."""
 
     def __init__(self, client: Any, prefix: str = "vkgate:") -> None:
         self._client = client
         self._tokens_prefix = f"{prefix}tl:{{"
         self._slots_prefix = f"{prefix}sll:{{"
         self._budget_prefix = f"{prefix}bg:{{"
-        self._tokens = client.register_script(_TOKENS)
-        self._slots = client.register_script(_SLOTS)
-        self._budget = client.register_script(_BUDGET)
+        self._scripts = [client.register_script(script) for script in SCRIPTS]
+        self._cluster = hasattr(client, "get_node_from_key")
+        self._batch_script = client.register_script(BATCH_CLUSTER if self._cluster else BATCH)
+        self._batching = True
         self._ledgered = client.register_script(LEDGERED)
 
-    async def tokens(
+    def tokens(
         self,
         bucket: Bucket,
         lease: str,
@@ -347,14 +184,15 @@ class RedisLeaseStore:
         need: float,
         want: float,
         ttl: float,
-    ) -> Grant:
-        reply = await self._tokens(
-            keys=[self._tokens_prefix + bucket.key + "}"],
-            args=[now, lease, bucket.capacity, bucket.per_second, used, keep, need, want, ttl],
+        pay: float = 0.0,
+    ) -> Call:
+        return Call(
+            TOKENS_SCRIPT,
+            (self._tokens_prefix + bucket.key + "}",),
+            (now, lease, bucket.capacity, bucket.per_second, used, keep, need, want, ttl, pay),
         )
-        return _grant(reply)
 
-    async def slots(
+    def slots(
         self,
         slots: Slots,
         lease: str,
@@ -365,14 +203,14 @@ class RedisLeaseStore:
         need: int,
         want: int,
         ttl: int | float,
-    ) -> Grant:
-        reply = await self._slots(
-            keys=[self._slots_prefix + slots.key + "}"],
-            args=[now, lease, slots.limit, must, keep, need, want, ttl],
+    ) -> Call:
+        return Call(
+            SLOTS_SCRIPT,
+            (self._slots_prefix + slots.key + "}",),
+            (now, lease, slots.limit, must, keep, need, want, ttl),
         )
-        return _grant(reply)
 
-    async def budget(
+    def budget(
         self,
         bucket: BudgetBucket,
         lease: str,
@@ -388,11 +226,12 @@ class RedisLeaseStore:
         settled: int,
         hold_s: float,
         acked: bool,
-    ) -> Grant:
+    ) -> Call:
         hash_key = self._budget_prefix + bucket.key + "}"
-        reply = await self._budget(
-            keys=[hash_key, hash_key + ":dl", hash_key + ":ak"],
-            args=[
+        return Call(
+            BUDGET_SCRIPT,
+            (hash_key, hash_key + ":dl", hash_key + ":ak"),
+            (
                 now,
                 lease,
                 bucket.ledger_nanos,
@@ -410,9 +249,81 @@ class RedisLeaseStore:
                 settled,
                 hold_s,
                 1 if acked else 0,
-            ],
+            ),
         )
+
+    async def run(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        if len(calls) == 1:
+            return [await self._one(calls[0])]
+        if not self._cluster:
+            return await self._batch(calls, None)
+        # One call per master: its syncs' keys lie in many slots, all of them its own.
+        await self._client.initialize()  # the slots' map, read once (then at once)
+        nodes: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            node = self._client.get_node_from_key(call.keys[0])
+            nodes.setdefault(node.name, (node, []))[1].append(i)
+        answers: list[Grant | Exception] = [_UNSENT] * len(calls)
+        groups = list(nodes.values())
+        sent = await asyncio.gather(
+            *(self._batch([calls[i] for i in at], node) for node, at in groups)
+        )
+        for (_, at), got in zip(groups, sent, strict=True):
+            for i, answer in zip(at, got, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _one(self, call: Call) -> Grant | Exception:
+        # One sync needs no batch; the script object loads itself where it is missing.
+        try:
+            reply = await self._scripts[call.script](keys=call.keys, args=call.args)
+        except ResponseError as exc:
+            return exc
         return _grant(reply)
+
+    async def _batch(self, calls: Sequence[Call], node: Any) -> list[Grant | Exception]:
+        """The syncs of one node in one script; one at a time where that fails (the Redis
+        before 7 without cross-slot scripts, a slot moving between masters)."""
+        if len(calls) == 1:
+            return [await self._one(calls[0])]
+        if not self._batching:
+            return await self._each(calls)
+        args: list[object] = []
+        for call in calls:
+            args.extend((call.script, len(call.keys), len(call.args)))
+            args.extend(call.keys)
+            args.extend(call.args)
+        options = {} if node is None else {"target_nodes": node}
+        try:
+            try:
+                replies = await self._client.execute_command(
+                    "EVALSHA", self._batch_script.sha, 0, *args, **options
+                )
+            except NoScriptError:
+                # A server that restarted (or a master that took over) has no scripts yet.
+                self._batch_script.sha = await self._client.script_load(self._batch_script.script)
+                replies = await self._client.execute_command(
+                    "EVALSHA", self._batch_script.sha, 0, *args, **options
+                )
+        except ResponseError as exc:
+            if isinstance(exc, NoScriptError):
+                raise
+            # A Redis before 7 refuses the script's flags: syncs go one by one from now on.
+            log.warning("limit syncs are sent one by one: %s", exc)
+            self._batching = False
+            return await self._each(calls)
+        answers = [_answer(reply) for reply in replies]
+        failed = [i for i, answer in enumerate(answers) if isinstance(answer, Exception)]
+        if failed and node is not None:
+            # A sync whose slot moved to another master meanwhile: sent on its own, the
+            # client follows the move (and learns the new map).
+            again = await self._each([calls[i] for i in failed])
+            for i, answer in zip(failed, again, strict=True):
+                answers[i] = answer
+        return answers
+
+    async def _each(self, calls: Sequence[Call]) -> list[Grant | Exception]:
+        return list(await asyncio.gather(*(self._one(call) for call in calls)))
 
     async def ledgered(self, key: str, entries: Sequence[str], now: float) -> None:
         if not entries:
@@ -427,6 +338,16 @@ class RedisLeaseStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _answer(reply: list[Any]) -> Grant | Exception:
+    if reply and reply[0] in (b"!", "!"):
+        message = reply[1]
+        return ResponseError(message.decode() if isinstance(message, bytes) else message)
+    return _grant(reply)
+
+
+_UNSENT = ResponseError("not sent")
 
 
 def _grant(reply: list[Any]) -> Grant:

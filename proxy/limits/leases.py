@@ -26,12 +26,14 @@ from proxy.limits._lease_state import (
     BudgetLease,
     Entry,
     LeaseStats,
+    Schedule,
     SlotsLease,
     TokensLease,
     lapse_reservations,
     lapse_slots,
 )
 from proxy.limits._lease_syncs import Syncs
+from proxy.limits._lease_ticks import TICK_S, Ticks
 from proxy.limits.counters import _decide, levels_of
 from proxy.limits.store import (
     Admission,
@@ -46,18 +48,13 @@ from vkgate.clock import Clock, Sleep
 if TYPE_CHECKING:
     from proxy.limits.lease_store import Grant, LeaseStore
 
-__all__ = ["LeaseStats", "LeasedCounters"]
+__all__ = ["TICK_S", "LeaseStats", "LeasedCounters"]
 
 log = logging.getLogger("vkgate.proxy.limits")
 
-TICK_S = 0.25
-"""How often spend is reported and slices renewed or given back: a replica that dies leaves at
-most this long of its spending unreported (it comes back into the counts with its spool)."""
 ATTEMPTS = 32
 """Syncs one admission may wait for before it is refused (others on this replica kept taking
 what each sync brought): far more than a request needs but a bound all the same."""
-SYNCS_AT_ONCE = 64
-"""A tick's syncs in flight at once."""
 
 _TOKENS_STEP, _SLOTS_STEP, _BUDGETS_STEP = 0, 1, 2
 T = TypeVar("T")
@@ -78,8 +75,6 @@ class LeasedCounters:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._ttl = ttl_s
-        self._idle_s = ttl_s / 2
         self._sleep = sleep
         self._id = replica or _random_id()
         self._tokens: dict[str, TokensLease] = {}
@@ -94,7 +89,11 @@ class LeasedCounters:
         self.on_failure: Callable[[BaseException], None] | None = None
         """Told when a tick's syncs fail: requests served from slices meet no Redis call, so
         the tick is often the first to find Redis gone."""
-        self._syncs = Syncs(store, ttl_s, self.stats, self._entries)
+        self._schedule = Schedule()
+        self._syncs = Syncs(store, ttl_s, self.stats, self._entries, self._schedule)
+        self._ticks = Ticks(
+            self._tokens, self._slots, self._budgets, self._syncs, self._schedule, ttl_s
+        )
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="limit-leases")
@@ -189,15 +188,18 @@ class LeasedCounters:
         hold_s: float,
         now: float,
     ) -> None:
+        touch = self._schedule.touch
         for b in adjust:
             lease = self._tokens.get(b.key)
             if lease is None:
                 lease = self._tokens[b.key] = TokensLease(self._name(), bucket=b)
             lease.spent += b.cost
+            touch(lease)
         for s in slots:
             held = self._slots.get(s.key)
             if held is not None:
                 held.held.pop(request_id, None)
+                touch(held)
         if budgets or costs:
             self._settle(request_id, budgets, costs, hold_s, now)
 
@@ -277,10 +279,11 @@ class LeasedCounters:
             self._task = None
         try:
             now = self._clock.time()
-            await self._each(self._give_back(now, force=True))
+            await self._each(self._ticks.give_back(now, force=True))
         except Exception as exc:
             log.warning("could not give back limit leases at shutdown: %s", type(exc).__name__)
         finally:
+            await self._syncs.drain()
             await self._store.close()
 
     # The tick
@@ -289,7 +292,7 @@ class LeasedCounters:
         """Report spend, renew slices in use, give back idle ones, forget what is empty. A
         failure is told to `on_failure`, then raised."""
         try:
-            await self._each(self._give_back(now, force=False))
+            await self._each(self._ticks.give_back(now, force=False))
         except Exception as exc:
             if self.on_failure is not None:
                 self.on_failure(exc)
@@ -318,61 +321,11 @@ class LeasedCounters:
         """A round trip to the store; raises what it raises."""
         await self._store.ping()
 
-    def _give_back(self, now: float, *, force: bool) -> list[Awaitable[Grant]]:
-        """The syncs a tick (or, with `force`, the shutdown) makes, each started (its lease
-        marked as syncing) before anything else runs."""
-        calls: list[Awaitable[Grant]] = []
-        idle_before = now - self._idle_s
-        renew_after = self._ttl / 2
-        for key, tokens in list(self._tokens.items()):
-            if tokens.sync is not None:
-                continue
-            idle = force or tokens.used_at < idle_before
-            if idle and tokens.amount == 0 and tokens.spent == 0:
-                del self._tokens[key]
-            elif idle:
-                calls.append(self._syncs.tokens(tokens, now, 0.0, 0.0, returned=True))
-            elif tokens.spent or (tokens.amount and now - tokens.synced_at >= renew_after):
-                calls.append(self._syncs.tokens(tokens, now, None, 0.0))
-        for key, slots in list(self._slots.items()):
-            if slots.sync is not None:
-                continue
-            if now >= slots.lapse_at:
-                lapse_slots(slots, now)
-            idle = force or slots.used_at < idle_before
-            if idle and slots.amount == 0 and not slots.held:
-                del self._slots[key]
-            elif idle and slots.amount > len(slots.held):
-                calls.append(self._syncs.slots(slots, now, 0, 0, returned=True))
-            elif now - slots.synced_at >= renew_after and (slots.amount or slots.held):
-                calls.append(self._syncs.slots(slots, now, None, 0))
-        for key, budget in list(self._budgets.items()):
-            if budget.sync is not None:
-                continue
-            if now >= budget.lapse_at:
-                lapse_reservations(budget, now)
-            idle = force or budget.used_at < idle_before
-            if idle and budget.amount == 0 and not budget.reserved and not budget.unreported:
-                del self._budgets[key]
-            elif idle and budget.free() > 0:
-                calls.append(self._syncs.budget(budget, now, 0, 0, returned=True))
-            elif budget.unreported or (
-                now - budget.synced_at >= renew_after and (budget.amount or budget.reserved)
-            ):
-                calls.append(self._syncs.budget(budget, now, None, 0))
-        return calls
-
     async def _each(self, calls: list[Awaitable[Grant]]) -> None:
-        failure: BaseException | None = None
-        for start in range(0, len(calls), SYNCS_AT_ONCE):
-            results = await asyncio.gather(
-                *calls[start : start + SYNCS_AT_ONCE], return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, BaseException) and failure is None:
-                    failure = result
-        if failure is not None:
-            raise failure
+        """Wait for the syncs (sent together: `Syncs`); raise the first failure."""
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
     # Token buckets
 
@@ -421,7 +374,8 @@ class LeasedCounters:
             lease.bucket = b
             free = max(0.0, lease.free()) if keep is None else 0.0
             need = b.cost - free if b.cost > free else 0.0
-            waits.append(self._syncs.tokens(lease, now, keep, need if need > 0 else 0.0))
+            # The request pays what the slice lacks at once: its use owes no report.
+            waits.append(self._syncs.tokens(lease, now, keep, need, pay=need))
             started.append(b)
         return _first_refused(waits, started, lambda sent: _index_of(buckets, sent))
 
@@ -432,6 +386,10 @@ class LeasedCounters:
             return b.capacity if lease is None else min(b.capacity, b.capacity - lease.spent)
         free = lease.free()
         outside = lease.level + max(0.0, now - lease.synced_at) * b.per_second
+        if lease.spent < 0:
+            # Given back (a count corrected downwards of a cost paid at once): the level's
+            # once reported, though not this replica's to spend before then.
+            outside -= lease.spent
         outside = min(outside, b.capacity - lease.amount)
         return min(b.capacity, outside + free)
 
@@ -626,6 +584,8 @@ class LeasedCounters:
                 if now + hold_s > lease.hold_until:
                     lease.hold_until = now + hold_s
                 lease.used_at = now
+            if not lease.touched:
+                self._schedule.touch(lease)
 
     # Shared
 
@@ -641,13 +601,25 @@ class LeasedCounters:
         groups: frozenset[int],
     ) -> Admission:
         levels = None
+        touch = self._schedule.touch
         if buckets:
             tokens = self._tokens
             for b in buckets:
                 lease = tokens[b.key]
-                lease.spent += b.cost
-                lease.taken += b.cost
+                cost = b.cost
+                paid = lease.paid
+                if paid:
+                    # Paid in the store by the sync that brought it: spent, not to report.
+                    from_paid = paid if paid < cost else cost
+                    lease.paid = paid - from_paid
+                    lease.spent += cost - from_paid
+                else:
+                    lease.spent += cost
+                lease.taken += cost
+                lease.asked = cost
                 lease.used_at = now
+                if not lease.touched:
+                    touch(lease)
             levels = self._levels(buckets, now, None)
         for s in slots:
             held = self._slots[s.key]
@@ -656,6 +628,8 @@ class LeasedCounters:
                 held.held[request_id] = deadline
                 held.taken += 1
                 held.used_at = now
+                if not held.touched:
+                    touch(held)
                 if deadline < held.lapse_at:
                     held.lapse_at = deadline
         reservation = None
@@ -669,7 +643,10 @@ class LeasedCounters:
                     reserved.reserved[request_id] = (amount, deadline)
                     reserved.reserved_sum += amount
                     reserved.taken += amount
+                    reserved.asked = amount
                     reserved.used_at = now
+                    if not reserved.touched:
+                        touch(reserved)
                     if deadline < reserved.lapse_at:
                         reserved.lapse_at = deadline
             reservation = Reservation(True, groups, self._budget_levels(budgets))

@@ -225,7 +225,9 @@ class Response:
         "_waiter",
         "complete",
         "content_type",
+        "error_type",
         "head",
+        "input_token_count",
         "retry_after",
         "status",
     )
@@ -247,6 +249,12 @@ class Response:
         self.status = 0
         self.content_type = b"application/json"
         self.retry_after: bytes | None = None
+        self.error_type: bytes | None = None
+        """AWS's `x-amzn-ErrorType`: what a Bedrock error is, which its status alone does not
+        tell (a quota exceeded is a 400, as a validation error is)."""
+        self.input_token_count: bytes | None = None
+        """Bedrock's `X-Amzn-Bedrock-Input-Token-Count`: the only usage some InvokeModel
+        answers (Cohere's embeddings) give."""
         self.complete = False
         self._error: Exception | None = None
         self._chunks: list[bytes] = []
@@ -323,6 +331,10 @@ class Response:
             self._framed = self._framed or b"chunked" in value.lower()
         elif name == b"content-encoding":
             self._encoding = value.strip().lower()
+        elif name == b"x-amzn-errortype":
+            self.error_type = value
+        elif name == b"x-amzn-bedrock-input-token-count":
+            self.input_token_count = value
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -333,6 +345,7 @@ class Response:
             # 100 Continue and the like: the answer is still to come.
             self._informational = True
             self.content_type, self.retry_after, self._encoding = b"application/json", None, None
+            self.error_type = self.input_token_count = None
             self._framed = False
             return
         self.status = status

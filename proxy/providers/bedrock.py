@@ -6,12 +6,17 @@ Chat and messages go to Converse and ConverseStream, embeddings to InvokeModel, 
 (`anthropic.claude-…-v1:0`), an inference profile id (`us.anthropic.…`) or an ARN, whose `:` and
 `/` are encoded too, as AWS's SDKs send them.
 
-Bedrock's errors are mapped for the chain's walk: a throttling or a model that is not ready
-(429) falls through to the next credential, as a service error (5xx) does; a model that timed
-out (408) counts as a timeout (504) and a model that failed (424) as a provider failure (502),
-so both fall through too; a validation error (400), a denied access (403) or an unknown model
-(404) is the answer. A ConverseStream that opens with an exception (a throttling, say) instead
-of its first event is turned into the error it stands for before anything is committed.
+Bedrock's errors are told apart by their type (the `x-amzn-ErrorType` header, else the body's
+`code` or `__type`, as botocore reads them), not by their status alone: a quota exceeded comes
+as a 400, as a validation error does. Each type is given the status the chain's walk needs:
+throttling, an exceeded quota and a model not ready yet are a 429, which falls through to the
+next credential; an access denied (or a credential AWS does not recognise) a 403, which falls
+through too, another credential may hold the access this one lacks; a model that timed out a
+504 and a model that failed a 502, both falling through as a service error (500, 503) does; a
+validation error (400) or an unknown model (404) is the answer, passed back in the client's
+format. A type this table does not know keeps its status. A ConverseStream that opens with an
+exception (a throttling, say) instead of its first event is turned into the error it stands
+for before anything is committed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from cachetools import LRUCache
 
 from proxy.providers._aws import Keys, SigV4Signer, credentials_of
 from proxy.providers._client import HttpClient
+from proxy.providers._connection import Response
 from proxy.providers._refresh import Refreshing
 from proxy.providers.base import (
     Operation,
@@ -46,7 +52,24 @@ PATHS = {
 }
 RESTATED = {408: 504, 424: 502}
 """Bedrock's statuses that stand for a provider failure, not the client's: ModelTimeout and
-ModelError."""
+ModelError (for an error whose type is not told)."""
+ERROR_STATUS = {
+    "ThrottlingException": 429,
+    "ServiceQuotaExceededException": 429,
+    "ModelNotReadyException": 429,
+    "ValidationException": 400,
+    "AccessDeniedException": 403,
+    "UnrecognizedClientException": 403,
+    "InvalidSignatureException": 403,
+    "ExpiredTokenException": 403,
+    "ResourceNotFoundException": 404,
+    "ModelTimeoutException": 504,
+    "ModelErrorException": 502,
+    "ModelStreamErrorException": 502,
+    "InternalServerException": 500,
+    "ServiceUnavailableException": 503,
+}
+"""The status each of Bedrock's error types is given (see the module's docstring)."""
 _JSON = b"application/json"
 _CACHED_CREDENTIALS = 1024
 _encode = msgspec.json.Encoder().encode
@@ -127,12 +150,68 @@ class Bedrock:
         if upstream.signer is not None:
             await upstream.signer.sign(url, body, signed)
         reply = await self._client.post(url, body, signed)
-        status = reply.status
-        if status in RESTATED:
-            reply.status = RESTATED[status]
-        elif status == 200 and operation is Operation.CONVERSE_STREAM:
+        if reply.status >= 400:
+            return await _refused(reply)
+        if reply.status == 200 and operation is Operation.CONVERSE_STREAM:
             return await _opened(reply)
+        if operation is Operation.INVOKE and reply.input_token_count is not None:
+            return await _counted(reply, reply.input_token_count)
         return reply
+
+
+class _ErrorFields(msgspec.Struct):
+    code: str | None = None
+    Code: str | None = None
+    type_: str | None = msgspec.field(default=None, name="__type")
+
+
+_error_fields = msgspec.json.Decoder(_ErrorFields)
+
+
+def error_type(header: bytes | None, body: bytes) -> str:
+    """The type of a Bedrock error: its `x-amzn-ErrorType` header, else its body's `code` or
+    `__type`, without the namespace or the URL either may carry; "" when none says."""
+    if header:
+        named = header.decode("latin-1")
+    else:
+        try:
+            fields = _error_fields.decode(body)
+        except msgspec.DecodeError:
+            return ""
+        named = fields.code or fields.Code or fields.type_ or ""
+    return named.split(":", 1)[0].rsplit("#", 1)[-1].strip()
+
+
+TOKEN_COUNT_FIELD = b"vkgateInputTokenCount"
+"""Where an InvokeModel answer's header token count is written into its body for the usage
+reader (`proxy.translate.openai_embeddings`); the body is always translated, so no client sees
+it."""
+
+
+async def _counted(reply: Response, count: bytes) -> Reply:
+    """An InvokeModel answer with the input token count of its header written into its body
+    (Cohere's embeddings say it nowhere else)."""
+    try:
+        data = await reply.read()
+    finally:
+        reply.close()
+    stripped = data.lstrip()
+    if count.strip().isdigit() and stripped.startswith(b"{"):
+        head = b'{"' + TOKEN_COUNT_FIELD + b'":' + str(int(count)).encode()
+        rest = stripped[1:].lstrip()
+        data = head + (b"" if rest.startswith(b"}") else b",") + rest
+    return _Whole(reply.status, data, reply.retry_after)
+
+
+async def _refused(reply: Response) -> Reply:
+    """A Bedrock error, read whole (errors are small), with the status its type stands for."""
+    try:
+        data = await reply.read()
+    finally:
+        reply.close()
+    status = reply.status
+    status = ERROR_STATUS.get(error_type(reply.error_type, data), RESTATED.get(status, status))
+    return _Whole(status, data, reply.retry_after)
 
 
 async def _opened(reply: Reply) -> Reply:
@@ -149,7 +228,7 @@ async def _opened(reply: Reply) -> Reply:
             if first.status == 200:
                 return _Resumed(reply, head, chunks)
             reply.close()
-            return _Refusal(first.status, _encode({"message": first.message}))
+            return _Whole(first.status, _encode({"message": first.message}), None)
     except BaseException:
         reply.close()  # timed out, cut, or the client left: the connection is not reused
         raise
@@ -186,16 +265,17 @@ class _Resumed:
         self._reply.close()
 
 
-class _Refusal:
-    """An error the provider gave inside its stream, as a plain answer of its own."""
+class _Whole:
+    """An answer read whole: an error the provider gave (inside its stream, or as its answer)
+    with the status the chain's walk needs, or an answer with its header's usage written in."""
 
-    __slots__ = ("_body", "status")
+    __slots__ = ("_body", "retry_after", "status")
     content_type = _JSON
-    retry_after: bytes | None = None
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, retry_after: bytes | None) -> None:
         self.status = status
         self._body = body
+        self.retry_after = retry_after
 
     async def read(self) -> bytes:
         return self._body

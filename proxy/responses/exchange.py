@@ -3,9 +3,10 @@
 A provider that serves the Responses API gets the client's bytes with `model` patched (and
 `previous_response_id` turned back into its own id); its answer comes back as it sent it, but
 for its response id, which is swapped for the sealed id the client keeps (`proxy.responses.
-ids`), in the plain answer and in every event of a stream. Any other provider is translated for:
-chat completions (`proxy.translate.responses_openai`) or Anthropic's Messages API
-(`proxy.translate.responses_anthropic`), and its answer gets a sealed id marked not stored.
+ids`), in the plain answer and in every event of a stream. Any other provider is translated
+for, by its wire format (`proxy.responses.translated`: chat completions, Anthropic's Messages
+API, Bedrock's Converse API, Google's Gemini API), and its answer gets a sealed id marked not
+stored.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from proxy.providers import Operation, Upstream
 from proxy.providers.base import WireFormat
 from proxy.responses.ids import ResponseIds, Sealed
 from proxy.responses.passthrough import PassThrough
-from proxy.translate import responses_anthropic, responses_openai
-from proxy.translate._common import ANTHROPIC
+from proxy.responses.translated import TRANSLATIONS, Pipe
 from proxy.translate._responses_answer import (
     Frame,
     error_event,
@@ -32,13 +32,10 @@ from proxy.translate._responses_request import (
     no_previous_response,
     parse,
 )
-from proxy.translate.responses_openai import CHAT
 from proxy.usage import TokenUsage
 from vkgate.errors import ErrorCode
 
 _encode = msgspec.json.Encoder().encode
-_MAX_TOKENS = {"openai": "max_completion_tokens", "azure_openai": "max_completion_tokens"}
-"""OpenAI's own API (and Azure's) refuses `max_tokens` for reasoning models."""
 
 
 def native(upstream: Upstream) -> bool:
@@ -100,7 +97,8 @@ class ResponsesExchange:
     def operation(self, upstream: Upstream) -> Operation:
         if native(upstream):
             return Operation.RESPONSES
-        return Operation.MESSAGES if upstream.wire is WireFormat.ANTHROPIC else Operation.CHAT
+        translation = TRANSLATIONS[upstream.wire]
+        return translation.streamed if self.stream else translation.plain
 
     def body_for(self, upstream: Upstream) -> bytes:
         if native(upstream):
@@ -111,20 +109,12 @@ class ResponsesExchange:
             )
         if self._previous_id is not None:
             raise no_previous_response()
-        anthropic = upstream.wire is WireFormat.ANTHROPIC
-        key = (anthropic, upstream.model_json, upstream.kind, upstream.stream_usage)
+        key = (upstream.wire, upstream.model_json, upstream.kind, upstream.stream_usage)
         translated = self._translated.get(key)
         if translated is None:
+            translation = TRANSLATIONS[upstream.wire]
             try:
-                if anthropic:
-                    translated = responses_anthropic.request(self._parse(ANTHROPIC), upstream.model)
-                else:
-                    translated = responses_openai.request(
-                        self._parse(CHAT),
-                        upstream.model,
-                        max_tokens_field=_MAX_TOKENS.get(upstream.kind, "max_tokens"),
-                        stream_usage=upstream.stream_usage,
-                    )
+                translated = translation.request(self._parse(translation.target), upstream)
             except RecursionError:
                 raise invalid(B.TOO_DEEP) from None
             self._translated[key] = translated
@@ -156,9 +146,7 @@ class ResponsesExchange:
             facts = U.response_facts(data)
             self._facts = (data, facts)
             return (U.from_responses(facts.usage) if facts.usage else None), facts.model
-        if upstream.wire is WireFormat.ANTHROPIC:
-            return U.anthropic_answer(data)
-        return U.openai_answer(data)
+        return TRANSLATIONS[upstream.wire].usage(data)
 
     def render(self, upstream: Upstream, status: int, data: bytes) -> bytes:
         if native(upstream):
@@ -169,13 +157,10 @@ class ResponsesExchange:
                     data = data.replace(previous.upstream_id.encode(), self._previous_id.encode())
                 return data
             return self._sealed(upstream, data)
-        if upstream.wire is WireFormat.ANTHROPIC:
-            if status >= 300:
-                return responses_anthropic.error(status, data)
-            return responses_anthropic.response(data, self._frame(upstream))
+        translation = TRANSLATIONS[upstream.wire]
         if status >= 300:
-            return data  # chat completions' errors are in OpenAI's shape already
-        return responses_openai.response(data, self._frame(upstream))
+            return translation.error(status, data)
+        return translation.response(data, self._frame(upstream), upstream)
 
     def _sealed(self, upstream: Upstream, data: bytes) -> bytes:
         """The provider's answer with its response ids swapped for the client's.
@@ -211,14 +196,10 @@ class ResponsesExchange:
             swaps.append((_encode(self._previous.upstream_id), _encode(self._previous_id)))
         return swaps
 
-    def pipe(
-        self, upstream: Upstream
-    ) -> PassThrough | responses_openai.StreamTranslator | responses_anthropic.StreamTranslator:
+    def pipe(self, upstream: Upstream) -> Pipe:
         if native(upstream):
             return PassThrough(lambda found: self._swaps(upstream, found))
-        if upstream.wire is WireFormat.ANTHROPIC:
-            return responses_anthropic.StreamTranslator(self._frame(upstream))
-        return responses_openai.StreamTranslator(self._frame(upstream))
+        return TRANSLATIONS[upstream.wire].stream(self._frame(upstream), upstream)
 
 
 def stream_error(pipe: object, error: ProxyError) -> bytes:

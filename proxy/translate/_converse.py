@@ -285,6 +285,13 @@ class StreamReader:
         self.model: str | None = model
         self.errored = False
 
+    @property
+    def sequence(self) -> int:
+        """The number of the writer's next event, when the client's format numbers them (a
+        Responses stream's error event after a cut follows on)."""
+        sequence = getattr(self._writer, "sequence", 0)
+        return sequence if isinstance(sequence, int) else 0
+
     def feed(self, data: bytes) -> bytes:
         if self._ended:
             return b""

@@ -118,8 +118,10 @@ class ResponseBuilder:
     """A response object built from the provider's answer piece by piece, and the typed events
     of its stream (`event:` and `data:`, every event with the next `sequence_number`)."""
 
-    def __init__(self, frame: Frame) -> None:
+    def __init__(self, frame: Frame, *, events: bool = True) -> None:
         self._frame = frame
+        self._events = events
+        """False for a plain answer, which keeps only the final object: no event is encoded."""
         self._items: list[_Item] = []
         self._by_key: dict[object, _Item] = {}
         self._base = ""
@@ -134,6 +136,8 @@ class ResponseBuilder:
     # -- events ---------------------------------------------------------------------------------
 
     def _event(self, kind: str, **fields: Any) -> bytes:
+        if not self._events:
+            return b""
         data = {"type": kind, **fields, "sequence_number": self.sequence}
         self.sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + _encode(data) + b"\n\n"

@@ -223,28 +223,31 @@ def _user_content(message: UserMessage, at: str) -> list[dict[str, Any]]:
 
 def image(image_url: ImageURL, at: str) -> dict[str, Any]:
     """An OpenAI image part as a Converse image block."""
-    if image_url.detail not in (None, "auto"):
-        raise refused(f"{at}.detail", BEDROCK, ": it has no image detail levels")
-    url = image_url.url
+    return image_block(image_url.url, image_url.detail, f"{at}.url", f"{at}.detail")
+
+
+def image_block(url: str, detail: str | None, at: str, at_detail: str) -> dict[str, Any]:
+    """An image URL as a Converse image block; `at` and `at_detail` name the URL and the
+    detail level in the client's request."""
+    if detail not in (None, "auto"):
+        raise refused(at_detail, BEDROCK, ": it has no image detail levels")
     if url.startswith("s3://"):
         extension = url.rpartition(".")[2].lower()
         if extension not in _EXTENSIONS:
-            raise invalid(
-                f"`{at}.url` must name a .png, .jpg, .gif or .webp object", param=f"{at}.url"
-            )
+            raise invalid(f"`{at}` must name a .png, .jpg, .gif or .webp object", param=at)
         return {"image": {"format": _EXTENSIONS[extension], "source": {"s3Location": {"uri": url}}}}
     if not url.startswith("data:"):
         raise invalid(
-            f"`{at}.url` must be a base64 `data:` URL or an `s3://` URL: Bedrock fetches no "
+            f"`{at}` must be a base64 `data:` URL or an `s3://` URL: Bedrock fetches no "
             "http(s) URL",
-            param=f"{at}.url",
+            param=at,
         )
-    media_type, data = data_url(url, f"{at}.url")
+    media_type, data = data_url(url, at)
     if media_type not in IMAGE_FORMATS:
         raise invalid(
-            f"`{at}.url` holds an image type Bedrock does not take "
+            f"`{at}` holds an image type Bedrock does not take "
             "(it takes image/png, image/jpeg, image/gif and image/webp)",
-            param=f"{at}.url",
+            param=at,
         )
     return {"image": {"format": IMAGE_FORMATS[media_type], "source": {"bytes": data}}}
 

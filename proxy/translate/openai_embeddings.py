@@ -13,8 +13,10 @@ Bedrock embeds through InvokeModel, in each model family's own body: Amazon Tita
   embedded for a search index is.
 - `user` names the end user to vkgate (budgets, spend) and is not sent.
 
-Usage: Titan and Google (when they report it) give the input's token count; Cohere on Bedrock
-says it in a header only, so its usage is estimated from the input.
+Usage: Titan and Google (when they report it) give the input's token count in the body; Cohere
+on Bedrock only in InvokeModel's `X-Amzn-Bedrock-Input-Token-Count` header, which the Bedrock
+adapter writes into the body for this module to read (`vkgateInputTokenCount`). With neither,
+the usage is estimated from the input.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class _CohereFloats(msgspec.Struct):
 
 class _Cohere(msgspec.Struct):
     embeddings: list[list[float]] | _CohereFloats | None = None
+    vkgateInputTokenCount: int | None = None
+    """InvokeModel's header count, written in by the Bedrock adapter."""
 
 
 class _Values(msgspec.Struct):
@@ -147,6 +151,8 @@ class _Bedrock(msgspec.Struct):
     """Either family's answer, read for its usage."""
 
     inputTextTokenCount: int | None = None
+    vkgateInputTokenCount: int | None = None
+    """InvokeModel's header count, written in by the Bedrock adapter."""
 
 
 _titan = msgspec.json.Decoder(_Titan)
@@ -162,9 +168,12 @@ def bedrock_usage(data: bytes) -> tuple[TokenUsage | None, str | None]:
         return None, None
     except msgspec.DecodeError:
         raise MalformedAnswer from None
-    if answer.inputTextTokenCount is None:
+    count = answer.inputTextTokenCount
+    if count is None:
+        count = answer.vkgateInputTokenCount
+    if count is None:
         return None, None
-    return TokenUsage(input_tokens=answer.inputTextTokenCount), None
+    return TokenUsage(input_tokens=count), None
 
 
 def google_usage(data: bytes) -> tuple[TokenUsage | None, str | None]:
@@ -189,12 +198,12 @@ def _vectors_of_bedrock(data: bytes, model: str) -> tuple[list[list[float]], int
         cohere = _cohere.decode(data)
     except msgspec.DecodeError:
         raise provider_error("an embeddings answer was expected") from None
-    embeddings = cohere.embeddings
+    embeddings, tokens = cohere.embeddings, cohere.vkgateInputTokenCount
     if isinstance(embeddings, _CohereFloats):
-        return embeddings.floats, None
+        return embeddings.floats, tokens
     if embeddings is None:
         raise provider_error("the Cohere answer holds no embeddings")
-    return embeddings, None
+    return embeddings, tokens
 
 
 def _vectors_of_google(data: bytes) -> tuple[list[list[float]], int | None]:

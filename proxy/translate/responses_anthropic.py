@@ -334,7 +334,7 @@ def response(data: bytes, frame: Frame) -> bytes:
         message = _message.decode(data)
     except msgspec.DecodeError:
         raise provider_error("a message was expected") from None
-    builder = ResponseBuilder(frame)
+    builder = ResponseBuilder(frame, events=False)
     builder.start(message.id, message.model)
     for index, block in enumerate(message.content):
         _start_block(builder, index, block)

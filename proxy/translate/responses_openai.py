@@ -233,7 +233,7 @@ def response(data: bytes, frame: Frame) -> bytes:
         completion = _completion.decode(data)
     except msgspec.DecodeError:
         raise provider_error("a chat completion was expected") from None
-    builder = ResponseBuilder(frame)
+    builder = ResponseBuilder(frame, events=False)
     builder.start(completion.id, completion.model)
     choice = completion.choices[0] if completion.choices else _Choice()
     message = choice.message or _Message()

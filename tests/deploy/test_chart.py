@@ -429,6 +429,24 @@ def test_ha_shares_limits_through_redis_and_lets_the_proxy_reach_it(ha: Manifest
     assert "No Redis" not in ha.notes
 
 
+def test_ha_leases_limits_for_the_default_time_to_live_on_a_single_redis(ha: Manifests) -> None:
+    env = resolved_env(ha, "Deployment", PROXY, {("vkgate-metrics", "token"): "m" * 40})
+    settings = ProxySettings.from_env(env)
+    assert (settings.redis_cluster, settings.limits_lease_s) == (False, 2.0)
+
+
+def test_a_redis_cluster_and_the_lease_time_reach_the_proxy(chart: helm.Chart) -> None:
+    manifests = render(
+        chart, merge(STORES, {"redis": {"url": REDIS_URL, "cluster": True, "leaseSeconds": 1.5}})
+    )
+    settings = ProxySettings.from_env(resolved_env(manifests, "Deployment", PROXY, {}))
+    assert (settings.redis_cluster, settings.limits_lease_s) == (True, 1.5)
+    without_redis = render(chart, STORES).env("Deployment", PROXY)
+    assert "VKGATE_REDIS_CLUSTER" not in without_redis, "nothing to say without Redis"
+    refused = render_error(chart, merge(STORES, {"redis": {"url": REDIS_URL, "leaseSeconds": 0.1}}))
+    assert "leaseSeconds" in refused, refused
+
+
 def test_ha_disruption_budgets_cover_each_service(ha: Manifests) -> None:
     assert ha.get("Deployment", CONTROLPLANE)["spec"]["replicas"] == 3
     for name in (CONTROLPLANE, PROXY):

@@ -16,6 +16,7 @@ from litestar import Litestar
 from tests.proxy.cloud_support import (
     BEDROCK,
     BEDROCK_MODEL,
+    COHERE,
     GEMINI,
     GEMINI_MODEL,
     HELLO,
@@ -25,6 +26,7 @@ from tests.proxy.cloud_support import (
 )
 from tests.proxy.conftest import proxy_settings, serve_proxy
 from tests.proxy.test_spend_ledger import NANO, drained, report
+from tests.support.api import ADMIN
 from tests.support.clock import ManualClock
 from tests.support.fake_bedrock import FakeBedrock
 from tests.support.fake_gemini import FakeGemini
@@ -121,3 +123,42 @@ async def test_every_cloud_request_lands_in_the_ledger_priced_by_its_provider(
             nanos(provider, model, tokens) for provider, model, tokens in calls if tokens["input"]
         )
         assert Decimal(row["cost_usd"]) * NANO == cost, kind
+
+
+COHERE_PRICE = {"input_per_mtok": "0.1", "output_per_mtok": "0"}
+"""genai-prices has no Cohere embedding model on AWS: a negotiated rate prices it."""
+
+
+async def test_titan_and_cohere_embeddings_are_priced_on_the_tokens_bedrock_counted(
+    client: httpx.AsyncClient,
+    app: Litestar,
+    clock: ManualClock,
+    fake_bedrock: FakeBedrock,
+    fake_gemini: FakeGemini,
+) -> None:
+    async with serve_proxy(app, clock, proxy_settings()) as proxy:
+        clouds = await make_clouds(client, proxy, fake_bedrock, fake_gemini)
+        bedrock = clouds.providers["bedrock"]
+        patched = await client.patch(
+            f"/api/admin/providers/{bedrock}",
+            json={"price_overrides": {"cohere.embed-english-v3": COHERE_PRICE}},
+            headers=ADMIN,
+        )
+        assert patched.status_code == 200, patched.text
+        async with clouds.openai() as sdk:
+            titan = await sdk.embeddings.create(model=TITAN, input="three words here")
+            # Words the estimate from text would not count as the header does.
+            cohere = await sdk.embeddings.create(
+                model=COHERE, input=["one two three four", "five six seven eight nine"]
+            )
+        await drained(proxy, records=2 * 2)
+    assert titan.usage.prompt_tokens == 3
+    assert cohere.usage.prompt_tokens == 9  # X-Amzn-Bedrock-Input-Token-Count
+    rows = {row["model"]: row for row in (await report(client, clouds.tenant.org, "model"))["rows"]}
+    assert rows[TITAN]["input_tokens"] == 3
+    assert Decimal(rows[TITAN]["cost_usd"]) * NANO == nanos(
+        "aws", "amazon.titan-embed-text-v2:0", {"input": 3, "output": 0}
+    )
+    assert rows[COHERE]["input_tokens"] == 9
+    assert rows[COHERE]["unpriced"] == 0
+    assert Decimal(rows[COHERE]["cost_usd"]) == Decimal("0.1") * 9 / 1_000_000

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.limits.counters import LocalCounters
-from proxy.limits.lease_store import RedisLeaseStore
+from proxy.limits.lease_store import Call, Grant, RedisLeaseStore
 from proxy.limits.leases import LeasedCounters
 from proxy.limits.store import ACKED_KEEP_S, LEDGER_SKEW_S, Bucket, BudgetBucket, Counters, Slots
 from tests.support.clock import ManualClock
@@ -62,7 +62,7 @@ async def counters(request: pytest.FixtureRequest) -> AsyncIterator[Counters]:
         await local.close()
         return
     if request.param == "leased-cluster":
-        # Every call must stay on one bucket's hash slot: the cluster refuses any other.
+        # Every sync stays on one bucket's hash slot; many go as one call per master.
         url = request.getfixturevalue("cluster_url")
         on_cluster = LeasedCounters(
             RedisLeaseStore(RedisCluster.from_url(url), unique_prefix()),
@@ -863,3 +863,43 @@ async def test_concurrent_replicas_never_overspend_a_shared_budget() -> None:
         for replica in replicas:
             await replica.close()
         await delete_prefixed(prefix)
+
+
+async def test_many_syncs_on_a_cluster_are_one_script_call_per_master(cluster_url: str) -> None:
+    client = RedisCluster.from_url(cluster_url)
+    store = RedisLeaseStore(client, unique_prefix())
+    buckets = [Bucket(f"rl:vk:{n}:rpd", 60, 0.0, 1.0) for n in range(40)]
+    try:
+        await client.initialize()
+        masters = client.get_primaries()
+        assert len({client.get_node_from_key(f"{{{b.key}}}").name for b in buckets}) == 3
+
+        async def script_calls() -> int:
+            """Script calls that ran (a refused one, for a script not loaded, left out)."""
+            stats = await client.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
+            ran = 0
+            for stat in stats.values():
+                evalsha = stat.get("cmdstat_evalsha", {})
+                ran += int(evalsha.get("calls", 0)) - int(evalsha.get("failed_calls", 0))
+            return ran
+
+        def takes(now: float) -> list[Call]:
+            return [
+                store.tokens(b, "r.1", now, used=0, keep=0, need=1, want=1, ttl=5.0, pay=1)
+                for b in buckets
+            ]
+
+        before = await script_calls()
+        grants = await store.run(takes(T0))
+        assert [g.granted for g in grants if isinstance(g, Grant)] == [1.0] * len(buckets)
+        assert await script_calls() - before == len(masters)
+
+        # A master that lost its scripts (restarted, or a replica that took over) is given
+        # them again, and the syncs it refused are sent again: none is lost or run twice.
+        await client.script_flush()  # on every master
+        grants = await store.run(takes(T0 + 1))
+        assert [g.granted for g in grants if isinstance(g, Grant)] == [1.0] * len(buckets)
+        levels = {g.level for g in grants if isinstance(g, Grant)}
+        assert levels == {58.0}, "each bucket paid twice, once a call"
+    finally:
+        await store.close()

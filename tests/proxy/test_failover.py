@@ -127,6 +127,42 @@ async def test_a_provider_4xx_ends_the_walk(
     assert chain.calls() == {"a": 1, "b": 0, "c": 0}
 
 
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_provider_refusing_the_gateways_credential_falls_through(
+    client: httpx.AsyncClient,
+    app: Litestar,
+    clock: ManualClock,
+    stack: AsyncExitStack,
+    status: int,
+) -> None:
+    """The provider refused the credential, not the request: another credential may hold the
+    access this one lacks. The breaker is not told (nothing failed)."""
+    chain = await build_chain(client, app, clock, stack, names=("a", "b"))
+    chain.fakes["a"].fail_next(status, "this key may not use that model")
+    response = await chain.chat()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-vkgate-provider"] == "b"
+    assert response.headers["x-vkgate-fallback-count"] == "1"
+    assert chain.calls() == {"a": 1, "b": 1}
+    # Every credential refused: the last refusal is the answer, the provider's own 4xx.
+    chain.fakes["a"].fail_next(status, "refused")
+    chain.fakes["b"].fail_next(status, "refused too")
+    refused = await chain.chat()
+    assert refused.status_code == status
+    assert refused.json()["error"]["message"] == "refused too"
+    assert refused.headers["x-vkgate-provider"] == "b"
+    assert refused.headers["x-vkgate-fallback-count"] == "1"
+    # A refusal among other failures is one cause of an exhausted chain.
+    chain.fakes["a"].fail_next(status, "refused")
+    chain.fakes["b"].fail_next(503, "down")
+    exhausted = await chain.chat()
+    assert exhausted.status_code == 502
+    error = exhausted.json()["error"]
+    assert error["code"] == "chain_exhausted"
+    assert f"refused the gateway's credential (HTTP {status})" in error["message"]
+    assert [a["status"] for a in error["attempts"]] == [status, 503]
+
+
 async def test_an_exhausted_chain_keeps_every_attempts_cause(
     client: httpx.AsyncClient, app: Litestar, clock: ManualClock, stack: AsyncExitStack
 ) -> None:

@@ -285,8 +285,17 @@ async def test_a_killed_proxy_gives_its_slices_back_within_their_time_to_live(
 
     sent = await burst(fleet.proxies, key, 2 * rpd)
     admitted = sum(a.status_code == 200 for a in sent.answers)
-    print(f"\n{fleet.kind}: rpd {rpd}: 3 by the killed proxy, {admitted} by the others after")
-    assert admitted == rpd - 3, fleet.logs()
+    assert admitted <= rpd - 3, fleet.logs()
+    # A burst's last slices can be left unspent on a replica whose requests were all answered:
+    # once they are back, whatever of the limit is left is admitted.
+    await until(lambda: not leases_of(fleet, bucket), "idle slices returned")
+    again = await burst(fleet.proxies, key, 2 * rpd)
+    late = sum(a.status_code == 200 for a in again.answers)
+    print(
+        f"\n{fleet.kind}: rpd {rpd}: 3 by the killed proxy, {admitted} by the others after "
+        f"(and {late} once their idle slices were back)"
+    )
+    assert admitted + late == rpd - 3, fleet.logs()
 
 
 async def test_a_limit_lowered_mid_burst_is_obeyed_within_a_second(

@@ -3,6 +3,7 @@ once, with the provider's token counts and the price `genai-prices` gives."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from decimal import ROUND_HALF_UP, Decimal
@@ -33,6 +34,8 @@ HELLO: Any = [{"role": "user", "content": "hello"}]
 GPT_MODEL = "gpt-4o-mini"
 CLAUDE_MODEL = "claude-3-5-haiku-latest"
 NANO = Decimal("1e9")
+SHIP_POLLS = 200
+"""At 50 ms apart: 10 s for the drainer's own shipment to be acknowledged."""
 
 
 async def drained(proxy: RunningProxy, records: int) -> None:
@@ -43,6 +46,12 @@ async def drained(proxy: RunningProxy, records: int) -> None:
     assert running.spool.seq == records
     await running.spool.seal_async()
     assert await running.drainer.ship_ready(), "the control plane acknowledged every segment"
+    # The drainer's own loop may be shipping a segment still (ship_ready passes over one in
+    # flight): wait for it to be acknowledged, within a bound.
+    for _ in range(SHIP_POLLS):
+        if running.spool.pending_segments() == []:
+            break
+        await asyncio.sleep(0.05)
     assert running.spool.pending_segments() == []
 
 

@@ -70,6 +70,7 @@ class Org(World):
 
     budget: str = ""
     guardrail: str = ""
+    cache_rule: str = ""
 
     @property
     def id(self) -> str:
@@ -103,7 +104,22 @@ async def seed_org(client: Client, name: str, provider: dict[str, Any] | None = 
             },
         )
     )["id"]
-    return Org(**dataclasses.asdict(world), budget=budget, guardrail=guardrail)
+    cache_rule = (
+        await create(
+            client,
+            "/api/admin/cache-rules",
+            {
+                "organization_id": world.org,
+                "name": "small",
+                "scope": {"kind": "project", "id": world.project},
+                "models": ["small"],
+                "ttl_seconds": 60,
+            },
+        )
+    )["id"]
+    return Org(
+        **dataclasses.asdict(world), budget=budget, guardrail=guardrail, cache_rule=cache_rule
+    )
 
 
 async def openapi_operations(client: Client) -> list[tuple[str, str]]:
@@ -133,6 +149,7 @@ def path_ids(org: Org, token_id: str) -> dict[str, str]:
         "vk_id": org.key_id,
         "budget_id": org.budget,
         "guardrail_id": org.guardrail,
+        "rule_id": org.cache_rule,
         "token_id": token_id,
     }
 
@@ -148,6 +165,7 @@ async def everything_readable(client: Client, org: Org) -> dict[str, str]:
         f"/api/admin/virtual-keys/{org.key_id}",
         f"/api/admin/budgets/{org.budget}",
         f"/api/admin/guardrails/{org.guardrail}",
+        f"/api/admin/cache-rules/{org.cache_rule}",
     ]
     return {path: (await client.get(path, headers=ADMIN)).text for path in paths}
 

@@ -87,6 +87,9 @@ class FakeBedrock(FakeProvider):
     open_with_exception: str | None = None
     """The next stream opens with this exception frame (`throttlingException`) instead of
     its answer."""
+    exception_mid_stream: str | None = None
+    """The next stream sends its first text, then this exception frame
+    (`modelStreamErrorException`) instead of the rest."""
     signed_by: list[str] = field(default_factory=list)
     """The access key id of every request whose signature checked out, in order."""
     raw_paths: list[str] = field(default_factory=list)
@@ -257,19 +260,22 @@ def _app(fake: FakeBedrock) -> web.Application:
             text = payload["inputText"]
             size = payload.get("dimensions", 3)
             return web.json_response(
-                {"embedding": _vector(text, size), "inputTextTokenCount": len(text.split())}
+                {"embedding": _vector(text, size), "inputTextTokenCount": len(text.split())},
+                headers=_token_counts(len(text.split())),
             )
         if "cohere.embed" in model:
             vectors = [
                 _vector(text, payload.get("output_dimension", 3)) for text in payload["texts"]
             ]
+            # Cohere's body counts nothing: InvokeModel's headers are its only usage.
             return web.json_response(
                 {
                     "id": "fake-cohere",
                     "embeddings": {"float": vectors},
                     "texts": payload["texts"],
                     "response_type": "embeddings_by_type",
-                }
+                },
+                headers=_token_counts(sum(len(text.split()) for text in payload["texts"])),
             )
         return _refusal(400, f"The provided model identifier is invalid: {model}")
 
@@ -306,6 +312,15 @@ def _app(fake: FakeBedrock) -> web.Application:
     return app
 
 
+def _token_counts(count: int) -> dict[str, str]:
+    """InvokeModel's usage headers, as Bedrock sends them with every model's answer."""
+    return {
+        "X-Amzn-Bedrock-Input-Token-Count": str(count),
+        "X-Amzn-Bedrock-Output-Token-Count": "0",
+        "X-Amzn-Bedrock-Invocation-Latency": "42",
+    }
+
+
 def _vector(text: str, size: int) -> list[float]:
     seed = sum(text.encode()) % 97
     return [round(0.01 * (seed + i), 4) for i in range(size)]
@@ -316,6 +331,14 @@ def _stream_frames(fake: FakeBedrock, tool: str | None, stop: str) -> list[bytes
         name, fake.open_with_exception = fake.open_with_exception, None
         return [eventstream.exception(name, "Too many requests, please wait before trying again.")]
     frames = [eventstream.event("messageStart", {"role": "assistant"})]
+    if fake.exception_mid_stream is not None:
+        name, fake.exception_mid_stream = fake.exception_mid_stream, None
+        first = {"contentBlockIndex": 0, "delta": {"text": REPLY_PIECES[0]}}
+        return [
+            *frames,
+            eventstream.event("contentBlockDelta", first),
+            eventstream.exception(name, "The model stream failed; retry your request."),
+        ]
     if tool is None:
         frames += [
             eventstream.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}})

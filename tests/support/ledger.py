@@ -86,10 +86,12 @@ def server_database(server: LedgerLocation) -> Iterator[LedgerLocation]:
 
 
 def summed_from_the_start(client: Any) -> None:
-    """Budgets' daily sums as in a ledger migrated long ago: every row the tests write reaches
-    them (a migration that just ran sends a minute of rows to the ledger's own part)."""
-    client.command("TRUNCATE TABLE ledger_spend_daily_since")
-    client.command("INSERT INTO ledger_spend_daily_since VALUES ('2000-01-01 00:00:00')")
+    """Budgets' and the overview's daily sums as in a ledger migrated long ago: every row the
+    tests write reaches them (a migration that just ran sends a minute of rows to the ledger's
+    own part)."""
+    for table in ("ledger_spend_daily_since", "ledger_usage_daily_since"):
+        client.command(f"TRUNCATE TABLE {table}")
+        client.command(f"INSERT INTO {table} VALUES ('2000-01-01 00:00:00')")
 
 
 def record(

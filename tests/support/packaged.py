@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.processes import EXIT_TIMEOUT_S, free_port
 
-START_TIMEOUT_S = 15.0
+START_TIMEOUT_S = 45.0
 POLL_S = 0.02
 
 

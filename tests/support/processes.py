@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-READY_TIMEOUT_S = 15.0
+READY_TIMEOUT_S = 45.0
 POLL_INTERVAL_S = 0.05
 EXIT_TIMEOUT_S = 10.0
 CLI_TIMEOUT_S = 60.0

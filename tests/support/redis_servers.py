@@ -23,7 +23,7 @@ import redis
 
 from tests.support.processes import stop
 
-READY_TIMEOUT_S = 15.0
+READY_TIMEOUT_S = 45.0
 POLL_INTERVAL_S = 0.05
 BUS_OFFSET = 10_000
 """A cluster node also listens on its port plus this, for the other nodes."""

@@ -231,6 +231,7 @@ def _banner(
 vkgate is up.
   proxy           http://{proxy.host}:{proxy.port}/v1   (OpenAI-compatible; use a vk- key)
   control plane   {url}   (OpenAPI: {url}/schema/swagger)
+  console         {url}/console/   (sign in with the admin token)
   admin token     {token}
   data            {home}/   (secrets in {home / SECRETS_FILE}, mode 0600)
 
