@@ -40,7 +40,14 @@ from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.gemini_api import METHODS as GEMINI_METHODS
 from proxy.gemini_api import GeminiApi
-from proxy.guardrails import AnswerScreen, RemoteChecks, screen_request, warnings
+from proxy.guardrails import (
+    REQUEST,
+    AnswerScreen,
+    RemoteChecks,
+    screen_request,
+    skipped,
+    warnings,
+)
 from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst, check_end_user
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
@@ -472,7 +479,10 @@ class Gateway:
                     check_end_user(runtime.budget_rules, prepared.end_user)
                     hold = await self._rate_hold(runtime)
                     headers = hold.headers if hold is not None else ()
-                    await cached.serve(send, head.request_id, headers, outcome, self._now)
+                    hit_screen = self._hit_screen(runtime, ticket, route, prepared.model)
+                    await cached.serve(
+                        send, head.request_id, headers, outcome, self._now, hit_screen
+                    )
                     status, code = 200, None
                     return
             if runtime.rate_plan is not None or runtime.budget_rules:
@@ -590,6 +600,20 @@ class Gateway:
             (),
             None,
         )
+
+    def _hit_screen(
+        self, runtime: KeyRuntime, ticket: records.Ticket, route: Route, model: str
+    ) -> AnswerScreen | None:
+        """The response guardrails a cache hit's replay passes through. The request stage is
+        skipped (the body is the one the stored answer came from, and no provider sees it);
+        the response stage applies as it stands now, so a guardrail added after the entry was
+        stored still holds what leaves."""
+        guardrails = runtime.guardrails
+        if guardrails is None:
+            return None
+        verdicts = ticket.guardrails = {}
+        skipped(guardrails.request, verdicts, REQUEST)
+        return AnswerScreen.of(guardrails, self._remote, verdicts, route.shape, model)
 
     async def _keep(
         self, cached: CachedRequest, outcome: Outcome, ticket: records.Ticket | None

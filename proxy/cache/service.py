@@ -21,11 +21,13 @@ from proxy.cache import _anthropic, _openai
 from proxy.cache._events import NotAnAnswer
 from proxy.cache.rules import CacheScope
 from proxy.cache.stores import CacheStore
+from proxy.guardrails import warnings
 from proxy.providers.base import WireFormat
 from proxy.telemetry.metrics import Tally
 
 if TYPE_CHECKING:
     from proxy.dispatch import Outcome
+    from proxy.guardrails import AnswerScreen
     from proxy.prepared import Prepared
     from proxy.runtime import KeyRuntime
     from vkgate.spend import SpendRecord
@@ -143,8 +145,11 @@ class CachedRequest:
         extra: Sequence[tuple[bytes, bytes]],
         outcome: Outcome,
         now: Callable[[], float],
+        screen: AnswerScreen | None = None,
     ) -> None:
-        """Answer from the entry found: plain as stored, or replayed as a stream."""
+        """Answer from the entry found: plain as stored, or replayed as a stream, through
+        `screen` (the key's response guardrails as they stand now). A block raises before
+        anything is sent."""
         hit = self.hit
         assert hit is not None
         if self.stream:
@@ -158,6 +163,12 @@ class CachedRequest:
             content_type = b"text/event-stream"
         else:
             body, content_type = hit.body, JSON
+        if screen is not None:
+            if self.stream:
+                guard = screen.stream()
+                body = await guard.feed(body) + await guard.finish()
+            else:
+                body = await screen.plain(body)
         age = max(0, int(self._cache.wall() - hit.stored_at))
         headers = [
             (b"content-type", content_type),
@@ -169,6 +180,8 @@ class CachedRequest:
         if self.stream:
             headers.append((b"cache-control", b"no-cache"))
         headers.extend(extra)
+        if screen is not None:
+            headers.extend(warnings(screen.verdicts))
         outcome.status = 200
         outcome.cached = hit
         outcome.first_byte_at = now()
@@ -191,6 +204,8 @@ class CachedRequest:
             or not recorder.ended
             or outcome.broke
             or outcome.cancelled
+            # A stream a response guardrail cut short ends in its refusal: never replayed.
+            or outcome.blocked
         ):
             self._cache.kept("not_stored")
             return

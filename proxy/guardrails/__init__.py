@@ -27,6 +27,8 @@ from proxy.guardrails._remote import RemoteChecks
 from proxy.guardrails._stream import StreamScreen
 
 __all__ = [
+    "REQUEST",
+    "RESPONSE",
     "AnswerScreen",
     "GuardrailBlocked",
     "KeyGuardrails",
@@ -36,6 +38,7 @@ __all__ = [
     "guardrails_of",
     "response_warnings",
     "screen_request",
+    "skipped",
     "warnings",
 ]
 _decode = msgspec.json.Decoder().decode

@@ -202,7 +202,8 @@ class ProxyMetrics(Collector):
         self.cache_stores = Tally(
             "vkgate_response_cache_stores",
             "Answers of misses and refreshes, by what became of them: stored, not_stored (not "
-            "a whole 2xx answer), too_large (over VKGATE_CACHE_MAX_ENTRY_BYTES), unreadable",
+            "a whole 2xx answer, or one a guardrail cut short), too_large (over "
+            "VKGATE_CACHE_MAX_ENTRY_BYTES), unreadable",
             ("result",),
         )
         self.sources = Sources()
