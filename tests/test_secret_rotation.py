@@ -367,6 +367,18 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
                 "headers": {"x-tenant": "t-1"},
             },
         )
+        cloud = await create(
+            http,
+            "/api/admin/providers",
+            {
+                "organization_id": world.org,
+                "name": "bedrock-stored",
+                "kind": "bedrock",
+                "region": "us-east-1",
+                "aws_access_key_id": "AKIAROTATEDALONG0001",
+                "aws_secret_access_key": "rotated-along-secret-access-key-0001",
+            },
+        )
         hook = await create(
             http,
             "/api/admin/guardrails",
@@ -387,7 +399,7 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     dry = await reencrypt_cli(env, "--dry-run", "--json")
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.output) | {"unreadable": []} == {
-        "moved": 3,
+        "moved": 4,
         "current": 0,
         "unreadable": [],
         "changed_meanwhile": 0,
@@ -396,11 +408,11 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     moved = await reencrypt_cli(env)
     assert moved.exit_code == 0, moved.output
     assert (
-        "stored credentials (providers', guardrail webhooks'): 3 moved to the current key, "
+        "stored credentials (providers', guardrail webhooks'): 4 moved to the current key, "
         "0 under it already" in moved.output
     )
     again = await reencrypt_cli(env, "--json")
-    assert json.loads(again.output)["current"] == 3
+    assert json.loads(again.output)["current"] == 4
     assert json.loads(again.output)["moved"] == 0
     only_new = Cipher(base64.urlsafe_b64decode(NEW_KEY))
     async with clean_database.transaction() as session:
@@ -410,6 +422,14 @@ async def test_reencrypt_moves_every_credential_to_the_current_key_and_reports_c
     assert only_new.decrypt(sealed, context=f"{world.provider}:api_key") == (
         "sk-test-provider-credential-7d1f"
     )
+    async with clean_database.transaction() as session:
+        cloud_row = await session.get(Provider, cloud["id"])
+        assert cloud_row is not None and cloud_row.credentials_encrypted is not None
+        document = cloud_row.credentials_encrypted
+    assert json.loads(only_new.decrypt(document, context=f"{cloud['id']}:credentials")) == {
+        "aws_access_key_id": "AKIAROTATEDALONG0001",
+        "aws_secret_access_key": "rotated-along-secret-access-key-0001",
+    }
     async with clean_database.transaction() as session:
         guardrail = await session.get(Guardrail, hook["id"])
         assert guardrail is not None and guardrail.secret_encrypted is not None
@@ -508,6 +528,18 @@ async def test_status_counts_what_is_still_under_a_previous_key_or_pepper_until_
     async for http in serving(old, clock, clean_database):
         world = await seed_world(http)
         await create(http, "/api/admin/tokens", {"name": "ops", "role": "finance"})
+        await create(
+            http,
+            "/api/admin/providers",
+            {
+                "organization_id": world.org,
+                "name": "bedrock-stored",
+                "kind": "bedrock",
+                "region": "us-east-1",
+                "aws_access_key_id": "AKIASTATUSCOUNTED001",
+                "aws_secret_access_key": "status-counted-secret-access-key-001",
+            },
+        )
     env = {
         **secrets_env(database_url),
         "VKGATE_HOME": str(tmp_path),
@@ -518,7 +550,7 @@ async def test_status_counts_what_is_still_under_a_previous_key_or_pepper_until_
     }
     before = await status_cli(env)
     assert before == {
-        "credentials": {"current": 0, "previous": 1, "unreadable": []},
+        "credentials": {"current": 0, "previous": 2, "unreadable": []},
         "virtual_keys": {"current": 0, "not_yet": 1},
         "admin_tokens": {"current": 0, "not_yet": 1},
     }
@@ -528,7 +560,7 @@ async def test_status_counts_what_is_still_under_a_previous_key_or_pepper_until_
     assert (await reencrypt_cli(env)).exit_code == 0
     after = await status_cli(env)
     assert after == {
-        "credentials": {"current": 1, "previous": 0, "unreadable": []},
+        "credentials": {"current": 2, "previous": 0, "unreadable": []},
         "virtual_keys": {"current": 1, "not_yet": 0},
         "admin_tokens": {"current": 1, "not_yet": 1},
     }

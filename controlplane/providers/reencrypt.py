@@ -1,6 +1,7 @@
-"""Moving every stored provider credential (and guardrail webhook secret) to the current
-encryption key (`vkgate secrets reencrypt`), once `VKGATE_ENCRYPTION_KEY` has a new value and
-the old one is in `VKGATE_ENCRYPTION_KEYS_PREVIOUS`."""
+"""Moving every stored provider credential (API keys, headers, the cloud kinds' credential
+documents) and guardrail webhook secret to the current encryption key (`vkgate secrets
+reencrypt`), once `VKGATE_ENCRYPTION_KEY` has a new value and the old one is in
+`VKGATE_ENCRYPTION_KEYS_PREVIOUS`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ _TABLES: tuple[tuple[type[Provider] | type[Guardrail], InstrumentedAttribute[str
     (
         Provider,
         Provider.id,
-        ((Provider.api_key_encrypted, "api_key"), (Provider.headers_encrypted, "headers")),
+        (
+            (Provider.api_key_encrypted, "api_key"),
+            (Provider.headers_encrypted, "headers"),
+            # The cloud kinds' credential document (Bedrock's keys, a service account).
+            (Provider.credentials_encrypted, "credentials"),
+        ),
     ),
     (Guardrail, Guardrail.id, ((Guardrail.secret_encrypted, "secret"),)),
 )
