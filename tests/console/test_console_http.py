@@ -510,3 +510,46 @@ async def test_every_field_of_every_page_has_a_label(browser: Client, world: Wor
         parsed.feed(page.text)
         for tag, ident, named in parsed.fields:
             assert named or ident in parsed.labelled, f"{path}: a {tag} ({ident}) with no label"
+
+
+async def test_a_session_of_the_env_token_ends_when_its_value_changes_or_is_removed(
+    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
+) -> None:
+    def replica(**changed: object) -> Litestar:
+        moved = dataclasses.replace(settings, **changed)  # type: ignore[arg-type]
+        return create_app(moved, clock=clock, database=clean_database)
+
+    async def opened_then_seen_by(other: Litestar) -> int:
+        """Signs in with the env token on one control plane and shows the session's cookie
+        to `other`, which shares its database: the status of the overview there."""
+        async with serve_in_loop(replica(), "http://controlplane.test") as first:
+            await sign_in(first, ADMIN_TOKEN)
+            cookie = first.cookies["vkgate_console"]
+        async with serve_in_loop(other, "http://controlplane.test") as second:
+            seen = await second.get("/console/", headers={"Cookie": f"vkgate_console={cookie}"})
+            if seen.status_code == 200:  # and the session lives on, not just this once
+                again = await second.get(
+                    "/console/", headers={"Cookie": f"vkgate_console={cookie}"}
+                )
+                assert again.status_code == 200
+            return seen.status_code
+
+    other_token = "another-admin-token-0123456789abcdef0123"
+    assert await opened_then_seen_by(replica()) == 200
+    assert await opened_then_seen_by(replica(admin_token=other_token)) == 303
+    assert await opened_then_seen_by(replica(admin_token=None)) == 303
+    # A new key pepper with the old one kept as previous (a rotation) changes no token.
+    rotated = replica(
+        key_pepper="a-new-key-pepper-0123456789abcdef012345",
+        key_peppers_previous=(settings.key_pepper,),
+    )
+    assert await opened_then_seen_by(rotated) == 200
+
+    # An ended session is gone: the first value coming back does not bring it back.
+    async with serve_in_loop(replica(), "http://controlplane.test") as first:
+        await sign_in(first, ADMIN_TOKEN)
+        cookie = first.cookies["vkgate_console"]
+    for token_value, status in ((other_token, 303), (ADMIN_TOKEN, 303)):
+        async with serve_in_loop(replica(admin_token=token_value), "http://t.test") as later:
+            seen = await later.get("/console/", headers={"Cookie": f"vkgate_console={cookie}"})
+            assert seen.status_code == status
