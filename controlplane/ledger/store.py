@@ -227,8 +227,13 @@ class Ledger:
             self._since_read = (since, now)
         return self._since_read[0]
 
-    async def report(self, period: queries.Period, group_by: Sequence[str]) -> list[dict[str, Any]]:
-        named = await self._named(queries.report(period, group_by))
+    async def report(
+        self,
+        period: queries.Period,
+        group_by: Sequence[str],
+        measures: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        named = await self._named(queries.report(period, group_by, measures))
         prefix = queries.MEASURE_PREFIX
         return [{k.removeprefix(prefix): v for k, v in row.items()} for row in named]
 

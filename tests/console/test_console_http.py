@@ -15,7 +15,9 @@ import pytest
 from litestar import Litestar
 
 from controlplane.app import create_app
+from controlplane.console.views import spend as spend_view
 from controlplane.db import Database
+from controlplane.ledger.queries import GROUPS
 from controlplane.settings import ControlPlaneSettings
 from tests.conftest import World, seed_world, serve_in_loop
 from tests.console.support import CSRF, csrf_of, post_form, sign_in
@@ -344,9 +346,19 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
         "&group_by=team&group_by=model"
     )
     assert page.status_code == 200
-    assert f"${report['totals']['cost_usd']}<" in page.text
-    for row in report["rows"]:
-        assert f"${row['cost_usd']}<" in page.text
+    # Every cell of the table and of its total row is the report's figure.
+    measures = ["requests", "refused", "failed", "unpriced"]
+    measures += ["input_tokens", "output_tokens", "cache_read_tokens"]
+
+    def cells(row: dict[str, object], groups: list[str]) -> list[str]:
+        shown = [str(row[g]) if row[g] is not None else "(none)" for g in groups]
+        return [*shown, *(f"{int(str(row[m])):,}" for m in measures), f"${row['cost_usd']}"]
+
+    body, foot = _table_cells(page.text)
+    assert body == [cells(r, ["team_id", "model"]) for r in report["rows"]]
+    assert foot == [[f"Total of all {len(report['rows'])} rows", *cells(report["totals"], [])]]
+    assert any(int(r["refused"]) for r in report["rows"])  # the traffic has every kind
+    assert any(int(r["failed"]) for r in report["rows"])
     assert "<svg" in page.text and "Spend by day, stacked by team" in page.text
     rows = list(csv.DictReader(io.StringIO(console.text)))
     assert len(rows) == len(report["rows"])
@@ -354,6 +366,42 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
     overview = await browser.get("/console/")
     assert "acme" in overview.text
     assert f"${report['totals']['cost_usd']}<" in overview.text
+
+
+@pytest.mark.parametrize("group_by", ["day,model", "model,team", ""])
+async def test_the_spend_tables_pages_together_are_the_reports_rows(
+    client: Client,
+    browser: Client,
+    world: World,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    group_by: str,
+) -> None:
+    monkeypatch.setattr(spend_view, "TABLE_ROWS", 2)
+    await mixed_traffic(client, world, clock)
+    await sign_in(browser, ADMIN_TOKEN)
+    query = f"organization_id={world.org}&from=2026-03-01&to=2026-03-11&group_by={group_by}"
+    report = (await client.get(f"/api/spend/report?{query}", headers=ADMIN)).json()
+    groups = [GROUPS[g][0] for g in group_by.split(",") if g]
+    seen: list[list[str]] = []
+    path: str | None = f"/console/spend?{query}&grouped=1"
+    while path is not None:
+        page = await browser.get(path)
+        assert page.status_code == 200, page.text
+        body, foot = _table_cells(page.text)
+        assert len(body) <= 2
+        seen += body
+        assert foot[0][-1] == f"${report['totals']['cost_usd']}"
+        found = re.search(r'href="([^"]+)">Next rows', page.text)
+        path = found.group(1).replace("&amp;", "&") if found else None
+    assert len(report["rows"]) > 2 or not groups
+    assert [[*r[: len(groups)], r[-1]] for r in seen] == [
+        [*(str(row[g]) if row[g] is not None else "(none)" for g in groups), f"${row['cost_usd']}"]
+        for row in report["rows"]
+    ]
+    past = len(report["rows"]) + 1
+    beyond = await browser.get(f"/console/spend?{query}&grouped=1&offset={past}")
+    assert beyond.status_code == 422 and "offset" in beyond.text
 
 
 async def test_the_consoles_edits_reach_the_admin_api(
@@ -459,6 +507,42 @@ async def test_the_consoles_edits_reach_the_admin_api(
 
     audit = await browser.get("/console/audit?resource_kind=virtual_key")
     assert "virtual_key.rotate" in audit.text and "budget.create" not in audit.text
+
+
+class _Cells(HTMLParser):
+    """The text of each cell of a page's table, by row, in its body and in its foot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body: list[list[str]] = []
+        self.foot: list[list[str]] = []
+        self._part: list[list[str]] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("tbody", "tfoot"):
+            self._part = self.body if tag == "tbody" else self.foot
+        elif tag == "tr" and self._part is not None:
+            self._part.append([])
+        elif tag == "td" and self._part is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("tbody", "tfoot"):
+            self._part = None
+        elif tag == "td" and self._part is not None and self._cell is not None:
+            self._part[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _table_cells(page: str) -> tuple[list[list[str]], list[list[str]]]:
+    parser = _Cells()
+    parser.feed(page)
+    return parser.body, parser.foot
 
 
 class _Fields(HTMLParser):
