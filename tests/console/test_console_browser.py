@@ -199,6 +199,11 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     page.get_by_role("link", name="Back to budgets", exact=True).click()
     assert cost in page.locator("tbody tr", has_text="acme monthly").inner_text()
     shot(page, "12-budgets")
+    # The overview again, with the budget among those nearest their limit.
+    page.get_by_role("link", name="Overview", exact=True).click()
+    nearest = page.locator("table", has=page.locator("th", has_text="Budget"))
+    assert "acme monthly" in nearest.inner_text() and cost in nearest.inner_text()
+    shot(page, "12-overview-budget")
 
     page.get_by_role("link", name="Virtual keys", exact=True).click()
     page.get_by_role("link", name="Revoke support-bot", exact=True).click()
@@ -376,8 +381,8 @@ def test_a_session_idle_past_its_timeout_is_sent_to_the_sign_in_page(
     # Idle past it: the next page is the sign-in page, and signing in again works.
     idle_for(page, stack, idle + 1)
     page.get_by_role("link", name="Virtual keys", exact=True).click()
-    page.wait_for_url(f"{stack.console}/sign-in")
-    page.get_by_label("Token", exact=True).wait_for()
+    page.wait_for_url(f"{stack.console}/sign-in?ended=1")
+    page.get_by_role("status").filter(has_text="Your session ended").wait_for()
     shot(page, "session-expired")
     sign_in(page, stack, stack.admin_token)
 
@@ -387,6 +392,6 @@ def test_a_session_idle_past_its_timeout_is_sent_to_the_sign_in_page(
     page.get_by_role("heading", name=heading("Virtual keys")).wait_for()
     idle_for(page, stack, idle + 1)
     page.get_by_label("Filter by status").select_option("revoked")
-    page.wait_for_url(f"{stack.console}/sign-in")
+    page.wait_for_url(f"{stack.console}/sign-in?ended=1")
     page.get_by_role("button", name="Sign in").wait_for()
     assert page.locator("#keys-table").count() == 0

@@ -173,8 +173,22 @@ async def test_an_idle_session_expires_and_an_active_one_does_not(
     clock.elapse(30 * 60)
     expired = await browser.get("/console/keys")
     assert expired.status_code == 303
-    assert expired.headers["location"] == "/console/sign-in"
-    assert (await browser.get("/console/")).status_code == 303
+    # The browser is told its session ended, and forgets the cookie.
+    assert expired.headers["location"] == "/console/sign-in?ended=1"
+    assert 'vkgate_console=""' in expired.headers["set-cookie"]
+    notice = await browser.get(expired.headers["location"])
+    assert "Your session ended" in notice.text
+    assert "Your session ended" not in (await browser.get("/console/sign-in")).text
+    again = await browser.get("/console/")
+    assert (again.status_code, again.headers["location"]) == (303, "/console/sign-in")
+    # htmx is told to load the page, not to swap it into the part it asked for.
+    await sign_in(browser, ADMIN_TOKEN)
+    clock.elapse(30 * 60)
+    partial = await browser.get(
+        "/console/keys", headers={"HX-Request": "true", "HX-Target": "keys-table"}
+    )
+    assert (partial.status_code, partial.text) == (401, "")
+    assert partial.headers["hx-redirect"] == "/console/sign-in?ended=1"
 
 
 async def test_revoking_the_token_ends_its_console_sessions(
