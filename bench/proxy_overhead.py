@@ -24,7 +24,7 @@ import stack
 from stack import Admin, create_key, free_port, require, seed_organization, started, wait_ok
 
 # Other scripts (bench/peers/) start their services with these.
-__all__ = ["free_port", "seed", "started", "wait_ok"]
+__all__ = ["free_port", "seed", "seed_cached", "started", "wait_ok"]
 
 
 def wrk(url: str, concurrency: int, duration: str, env: dict[str, str]) -> tuple[float, ...]:
@@ -62,6 +62,40 @@ def seed(controlplane: str, token: str, upstream: str) -> tuple[str, str]:
             },
         )
         return str(key["key"]), str(governed["key"])
+
+
+def seed_cached(controlplane: str, token: str, upstream: str) -> str:
+    """A governed key like `seed`'s (its own organization, the same routes, limits and budget)
+    whose requests for gpt-4o-mini (and -stream) a cache rule scoped to it lets the proxy answer
+    from its response cache: after the first request of each body, every one is a hit."""
+    with Admin(controlplane, token) as admin:
+        org = seed_organization(
+            admin,
+            {"plain": upstream + "/v1", "stream": upstream + "/stream/v1"},
+            {"gpt-4o-mini": ["plain"], "gpt-4o-mini-stream": ["stream"]},
+            name="bench-cached",
+        )
+        cached = create_key(admin, org, "bench-cached", GOVERNED_LIMITS)
+        admin.post(
+            "/api/admin/budgets",
+            {
+                "organization_id": org.id,
+                "scope": {"kind": "virtual_key", "id": cached["id"]},
+                "window": "month",
+                "limit_usd": "1000000",
+            },
+        )
+        admin.post(
+            "/api/admin/cache-rules",
+            {
+                "organization_id": org.id,
+                "name": "bench-cached",
+                "scope": {"kind": "virtual_key", "id": cached["id"]},
+                "models": ["gpt-4o-mini*"],
+                "ttl_seconds": 3600,
+            },
+        )
+        return str(cached["key"])
 
 
 def seed_clouds(controlplane: str, token: str, upstream: str) -> tuple[str, str]:

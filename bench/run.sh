@@ -22,6 +22,9 @@
 #   WITH_BARE=1               the bare forwarder (0: skip)
 #   BARE_WORKERS="1 2"        its uvicorn worker counts (1: bare-forwarder, N: bare-forwarder-wN)
 #   VKGATE_WORKERS="1 2"      vkgate proxy worker counts (empty: skip vkgate)
+#   WITH_CACHED=1             vkgate also on a governed key whose answers the response cache
+#                             serves (row vkgate-wN-cached: every request after the first is a
+#                             hit, no provider call); 0: skip
 #   WITH_CLOUD=1              vkgate also through a bedrock and a gemini credential on the mock
 #                             (rows vkgate-wN-bedrock, vkgate-wN-gemini: chat translated, Bedrock
 #                             signed; no stream run for bedrock, whose event stream nginx cannot
@@ -52,6 +55,7 @@ WITH_BARE="${WITH_BARE:-1}"
 BARE_WORKERS="${BARE_WORKERS:-1 2}"
 VKGATE_WORKERS="${VKGATE_WORKERS-1 2}"
 WITH_CLOUD="${WITH_CLOUD:-1}"
+WITH_CACHED="${WITH_CACHED:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-90}"
 WITH_LITELLM="${WITH_LITELLM:-auto}"
 LITELLM_WORKERS="${LITELLM_WORKERS:-1}"
@@ -392,6 +396,13 @@ for w in $VKGATE_WORKERS; do
     log "$target ready after $(( $(date +%s) - t0 ))s at $VK_URL (proxy pid $VK_PID, control plane pid $VK_CP_PID)"
     AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" run_target "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
     AUX_PID="$VK_CP_PID" run_responses "$target" "$VK_URL" "$VK_PID" "$VK_KEY"
+    if [[ "$WITH_CACHED" == 1 ]]; then
+      read -r _ VK_CACHED <<< "$(grep -m1 '^CACHED ' "$vk_out")"
+      # The same proxy and routes; the key's answers come from the response cache.
+      AUX_PID="$VK_CP_PID" STREAM_MODEL="$VK_STREAM" \
+        run_target "$target-cached" "$VK_URL" "$VK_PID" "$VK_CACHED"
+      unset VK_CACHED
+    fi
     if [[ "$WITH_CLOUD" == 1 ]]; then
       read -r _ VK_BEDROCK VK_GEMINI <<< "$(grep -m1 '^CLOUD ' "$vk_out")"
       # The same proxy and aliases, the keys routing them to a bedrock / a gemini credential.

@@ -21,6 +21,7 @@ from litestar.types import ControllerRouterHandler
 import vkgate
 from controlplane.auth import require_admin_token
 from controlplane.budgets.routes import BudgetController
+from controlplane.cache_rules.routes import CacheRuleController
 from controlplane.console import console_router, console_templates
 from controlplane.console.sessions import ConsoleSessions
 from controlplane.db import Database, create_engine, is_sqlite
@@ -58,6 +59,7 @@ ADMIN_CONTROLLERS: list[ControllerRouterHandler] = [
     RoutingPolicyController,
     VirtualKeyController,
     BudgetController,
+    CacheRuleController,
     AdminTokenController,
     SpendController,
     audit_log,

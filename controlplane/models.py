@@ -176,6 +176,22 @@ class Budget(Base):
     updated_at: Mapped[datetime]
 
 
+class CacheRule(Base):
+    """A response-cache rule: requests in its scope for a model its globs match are cached."""
+
+    __tablename__ = "cache_rules"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    organization_id: Mapped[str] = mapped_column(ForeignKey("organizations.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scope_kind: Mapped[str] = mapped_column(String(16))
+    scope_id: Mapped[str] = mapped_column(String(200))
+    models: Mapped[list[str]]
+    ttl_seconds: Mapped[int] = mapped_column(Integer)
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
 class AdminToken(Base):
     __tablename__ = "admin_tokens"
     id: Mapped[str] = mapped_column(Id, primary_key=True)

@@ -22,6 +22,8 @@ from litestar.exceptions import HTTPException
 import vkgate
 from proxy.auth import AuthCache
 from proxy.breaker import BreakerState
+from proxy.cache.service import ResponseCache
+from proxy.cache.stores import CacheStore, MemoryStore, RedisStore
 from proxy.control import ControlPlaneClient
 from proxy.errors import ProxyError
 from proxy.feed import ChangeFeedPoller
@@ -194,11 +196,11 @@ async def _metrics_listener(settings: ProxySettings, metrics: ProxyMetrics) -> A
     )
 
 
-def _counters(settings: ProxySettings, clock: Clock) -> Counters:
-    """Rate-limit and budget counters: in-process, or shared through leases on Redis when
-    configured (falling back to in-process while Redis cannot be reached)."""
+def _redis_client(settings: ProxySettings) -> Any:
+    """The process's Redis client (a cluster's with `VKGATE_REDIS_CLUSTER`), or None without
+    `VKGATE_REDIS_URL`: shared by the limits' counters and the response cache."""
     if settings.redis_url is None:
-        return LocalCounters()
+        return None
     # Imported only here: the Redis client is 8 MiB of the memory of a proxy that has no use
     # for it (measured on top of the rest of the proxy's imports).
     import redis.asyncio
@@ -206,26 +208,56 @@ def _counters(settings: ProxySettings, clock: Clock) -> Counters:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    from proxy.limits.fallback import FallbackCounters
-    from proxy.limits.lease_store import RedisLeaseStore
-    from proxy.limits.leases import LeasedCounters
-
     options: dict[str, Any] = {
         "socket_timeout": settings.redis_timeout_s,
         "socket_connect_timeout": settings.redis_timeout_s,
         # No retries: a Redis that does not answer in time is served around (in-process
-        # counters) at once, not after ten backed-off attempts.
+        # counters, a cache miss) at once, not after ten backed-off attempts.
         "retry": Retry(NoBackoff(), 0),
     }
-    client: Any
     if settings.redis_cluster:
-        client = redis.asyncio.cluster.RedisCluster.from_url(settings.redis_url, **options)
-    else:
-        client = redis.asyncio.Redis.from_url(settings.redis_url, **options)
+        return redis.asyncio.cluster.RedisCluster.from_url(settings.redis_url, **options)
+    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
+
+
+def _counters(settings: ProxySettings, clock: Clock, client: Any) -> Counters:
+    """Rate-limit and budget counters: in-process, or shared through leases on Redis when
+    configured (falling back to in-process while Redis cannot be reached)."""
+    if client is None:
+        return LocalCounters()
+    from proxy.limits.fallback import FallbackCounters
+    from proxy.limits.lease_store import RedisLeaseStore
+    from proxy.limits.leases import LeasedCounters
+
     leased = LeasedCounters(RedisLeaseStore(client), clock, ttl_s=settings.limits_lease_s)
     fallback = FallbackCounters(leased, LocalCounters(), clock, check=leased.check)
     leased.on_failure = fallback.failed
     return fallback
+
+
+def _response_cache(
+    settings: ProxySettings, clock: Clock, client: Any, metrics: ProxyMetrics
+) -> ResponseCache:
+    """The response cache: in Redis when configured (shared by every replica), else in this
+    process, bounded by `VKGATE_CACHE_MAX_BYTES`."""
+    store: CacheStore
+    if client is None:
+        store = MemoryStore(settings.cache_max_bytes, clock.monotonic)
+    else:
+        import redis.exceptions
+
+        from proxy.limits.fallback import UNREACHABLE
+
+        # Any trouble of Redis's is a miss (or an answer not kept), never the request's error.
+        store = RedisStore(client, (*UNREACHABLE, redis.exceptions.RedisError))
+    metrics.sources.response_cache = store.stats
+    return ResponseCache(
+        store,
+        max_entry_bytes=settings.cache_max_entry_bytes,
+        wall=clock.time,
+        lookups=metrics.cache_lookups,
+        stores=metrics.cache_stores,
+    )
 
 
 async def _start(
@@ -272,8 +304,11 @@ async def _start(
         invalid_key_cache_s=settings.invalid_key_cache_s,
     )
     stack.push_async_callback(cache.close)
-    counters = running.counters = _counters(settings, clock)
+    redis_client = _redis_client(settings)
+    counters = running.counters = _counters(settings, clock, redis_client)
     stack.push_async_callback(counters.close)
+    response_cache = _response_cache(settings, clock, redis_client, running.metrics)
+    stack.push_async_callback(response_cache.close)
     leased = _leased(counters)
     if leased is not None:
         leased.start()
@@ -290,6 +325,7 @@ async def _start(
         metrics=running.metrics,
         tracing=tracing,
         pace=pace_of(asyncio.get_running_loop()),
+        response_cache=response_cache,
     )
     spool.on_ledgered = gateway.budgets.ledgered_through
     cache.on_compiled = lambda runtime: gateway.budgets.learn(runtime.budget_rules)

@@ -21,6 +21,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from proxy.asgi import JSON, Receive, Send, Watch, respond
 from proxy.breaker import Breakers, CircuitBreaker
@@ -33,6 +34,9 @@ from proxy.telemetry.tracing import RequestSpan, end_attempt
 from proxy.usage import MalformedAnswer, TokenUsage
 from vkgate.errors import ErrorCode
 from vkgate.logs import event
+
+if TYPE_CHECKING:
+    from proxy.cache.service import CachedAnswer
 
 Recheck = Callable[[], Awaitable[None]]
 """Raises the key's refusal when it may no longer be used (revoked or disabled meanwhile)."""
@@ -67,6 +71,8 @@ class Outcome:
     estimated_output_tokens: int = 0
     """For a provider that reports no usage: chunks streamed (most send one token per
     chunk), or a tokenizer's count of a plain answer."""
+    cached: CachedAnswer | None = None
+    """The response-cache entry the answer came from, on a hit (no provider was called)."""
     on_answered: Callable[[], None] | None = None
     """Called once the answer is known and before its last byte goes out: the spend record is
     on disk before the client has the whole answer, so a killed process cannot lose it."""

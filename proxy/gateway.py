@@ -32,13 +32,14 @@ from proxy.asgi import (
 )
 from proxy.auth import AuthCache
 from proxy.breaker import Breakers
+from proxy.cache.service import CachedRequest, ResponseCache
 from proxy.clients import InvalidKeyThrottle, KeyGuard
 from proxy.dispatch import Dispatcher, Outcome, Recheck
 from proxy.errors import ProxyError, invalid
 from proxy.formats import ChatExchange, EmbeddingsExchange
 from proxy.gemini_api import METHODS as GEMINI_METHODS
 from proxy.gemini_api import GeminiApi
-from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst
+from proxy.limits.budgets import BucketSpendSource, BudgetGuard, Worst, check_end_user
 from proxy.limits.cost import Prompt
 from proxy.limits.counters import LocalCounters
 from proxy.limits.guard import Governor, Hold
@@ -160,6 +161,7 @@ class Gateway:
         metrics: ProxyMetrics | None = None,
         tracing: Tracing | None = None,
         pace: Pace | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         """`pace` is its event loop's (`pace_of`): the gateway counts its requests in flight
         there, where the loop's server and provider client read them; a `Pace` of its own
@@ -192,6 +194,7 @@ class Gateway:
         self._max_in_flight = settings.max_in_flight
         self._pace = pace or Pace()
         self._cache = cache
+        self._responses_cache = response_cache
         self._spool = spool
         self._now = clock.monotonic
         self._clock = clock
@@ -431,6 +434,18 @@ class Gateway:
                 # Rate limits come before policy: the request is counted, then refused.
                 chain, refused = (), exc
             extra: tuple[tuple[bytes, bytes], ...] = ()
+            cached: CachedRequest | None = None
+            if runtime.cache_scopes and refused is None and self._responses_cache is not None:
+                cached = await self._responses_cache.lookup(scope, runtime, route.path, prepared)
+                if cached is not None and cached.hit is not None:
+                    # A hit is counted by the key's request rate limits, never by its budgets
+                    # (it costs nothing), and answered without a provider call.
+                    check_end_user(runtime.budget_rules, prepared.end_user)
+                    hold = await self._rate_hold(runtime)
+                    headers = hold.headers if hold is not None else ()
+                    await cached.serve(send, head.request_id, headers, outcome, self._now)
+                    status, code = 200, None
+                    return
             if runtime.rate_plan is not None or runtime.budget_rules:
                 estimate, worst = prepared.estimate, prepared.worst
                 if worst is None:
@@ -448,12 +463,14 @@ class Gateway:
                 chain, extra = hold.chain, hold.headers
             if refused is not None:
                 raise refused
+            if cached is not None:
+                extra = (*extra, cached.header)
             await self._dispatcher.forward(
                 chain,
                 prepared.exchange,
                 _provider_headers(head),
                 receive,
-                send,
+                send if cached is None else cached.recording(send),
                 head.request_id,
                 self._recheck(head, runtime, prepared.model),
                 outcome,
@@ -464,6 +481,8 @@ class Gateway:
             )
             status = outcome.status
             code = ErrorCode.PROVIDER_ERROR if outcome.broke else None
+            if cached is not None:
+                await self._keep(cached, outcome, ticket)
         except ProxyError as exc:
             status, code, error = exc.status, exc.code, exc
             if hold is not None and hold.headers:
@@ -510,6 +529,30 @@ class Gateway:
                 )
                 # As in `__call__`: no cycle through an error's traceback.
                 error = refused = None
+
+    async def _rate_hold(self, runtime: KeyRuntime) -> Hold | None:
+        """The key's rate limits alone, for a request that costs nothing (no budget moves)."""
+        if runtime.rate_plan is None:
+            return None
+        return await self._governor.admit(
+            f"{self._hold_prefix}{next(self._holds)}",
+            runtime.rate_plan,
+            (),
+            0,
+            Worst(0, 0),
+            (),
+            None,
+        )
+
+    async def _keep(
+        self, cached: CachedRequest, outcome: Outcome, ticket: records.Ticket | None
+    ) -> None:
+        """Store a miss's answer; the client has it whole already, and a store that fails
+        costs only the entry."""
+        try:
+            await cached.store(outcome, ticket.record if ticket is not None else None)
+        except Exception:
+            log.exception("response cache: could not store an answer")
 
     def _settle_on_answer(self, ticket: records.Ticket, outcome: Outcome) -> Callable[[], None]:
         """The outcome record, written once the answer is known and before its last byte."""
@@ -633,17 +676,7 @@ class Gateway:
         self, call: stored.Call, scope: Scope, runtime: KeyRuntime, head: Head, send: Send
     ) -> int:
         """A stored response's call: counted by the key's rate limits, never priced."""
-        hold: Hold | None = None
-        if runtime.rate_plan is not None:
-            hold = await self._governor.admit(
-                f"{self._hold_prefix}{next(self._holds)}",
-                runtime.rate_plan,
-                (),
-                0,
-                Worst(0, 0),
-                (),
-                None,
-            )
+        hold = await self._rate_hold(runtime)
         try:
             query = scope.get("query_string", b"").decode("latin-1")
             return await self._stored.serve(

@@ -13,11 +13,12 @@ import hashlib
 import logging
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from cachetools import LRUCache
 
+from proxy.cache.rules import CacheScope, compile_rules
 from proxy.limits.budgets import BudgetRule, rules_of
 from proxy.limits.cost import rates_of
 from proxy.limits.rates import RatePlan, plan_of
@@ -50,6 +51,9 @@ class KeyRuntime:
     """The key's and its team's rate limits; None when it has none."""
     budget_rules: tuple[BudgetRule, ...] = ()
     """Every budget the key's requests may fall under."""
+    cache_scopes: Mapping[str, CacheScope] = field(default_factory=dict)
+    """The aliases whose answers are cached for this key, each under its rule's scope; empty
+    for a key no cache rule covers (the cache step then costs one falsy check)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,7 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         budgets=tuple(bundle.budgets),
         rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),
         budget_rules=rules_of(bundle.budgets),
+        cache_scopes=compile_rules(bundle.cache_rules, routes.chains),
     )
 
 

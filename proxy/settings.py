@@ -92,6 +92,12 @@ class ProxySettings:
     """How long one Redis call may take before this replica falls back to its own counters."""
     redis_cluster: bool = False
     """`redis_url` names one node of a Redis Cluster; the client finds the others."""
+    cache_max_bytes: int = 64 * 1024 * 1024
+    """What the in-process response cache may hold (entries, keys and their overhead); unused
+    when the cache is in Redis."""
+    cache_max_entry_bytes: int = 1024 * 1024
+    """The largest answer the response cache keeps (in either store); a larger one is served
+    and not kept."""
     limits_lease_s: float = 2.0
     """How long a slice of a shared bucket is leased for before it is renewed or lapses."""
     trusted_proxy_cidrs: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
@@ -182,6 +188,12 @@ class ProxySettings:
             redis_url=_redis_url(env),
             redis_timeout_s=_seconds(env, "VKGATE_REDIS_TIMEOUT_SECONDS", 0.5),
             redis_cluster=E.boolean(env, "VKGATE_REDIS_CLUSTER", False),
+            cache_max_bytes=E.integer(
+                env, "VKGATE_CACHE_MAX_BYTES", 64 * 1024 * 1024, minimum=1024 * 1024
+            ),
+            cache_max_entry_bytes=E.integer(
+                env, "VKGATE_CACHE_MAX_ENTRY_BYTES", 1024 * 1024, minimum=1024
+            ),
             limits_lease_s=_lease_seconds(env),
             trusted_proxy_cidrs=E.networks(env, "VKGATE_TRUSTED_PROXY_CIDRS"),
             invalid_key_cache_s=_seconds(env, "VKGATE_INVALID_KEY_CACHE_SECONDS", 30.0),

@@ -97,8 +97,11 @@ def test_spend_report_groups_and_totals_as_a_table(
     assert lines[0].split()[:3] == ["TEAM_ID", "MODEL", "REQUESTS"]
     assert len(lines) == 1 + 3 + 1
     assert lines[-1].split()[0] == "TOTAL"
+    total = dict(zip(lines[0].split(), lines[-1].split(), strict=True))
     # 1000 * (1 + 2) + 100 * (10 + 20) + 10 * (1 + 2) micro-dollars
-    assert lines[-1].split()[-1] == "0.00603"
+    assert total["COST_USD"] == "0.00603"
+    # No request was answered from the response cache.
+    assert (total["CACHE_HITS"], total["SAVED_USD"]) == ("0", "0")
 
 
 def test_spend_report_as_csv_for_a_period(

@@ -117,6 +117,10 @@ async def test_ledger_row_keeps_every_field_of_the_record(
             # An exact decimal in the ledger, to the millisecond.
             assert Decimal(row[field]) == Decimal(str(records[1].audio_seconds))
             continue
+        if field == "saved_nano_usd":
+            # Money leaves as decimal USD, as the cost does.
+            assert Decimal(row["saved_usd"]) == Decimal(records[1].saved_nano_usd) / 10**9
+            continue
         assert row[field] == getattr(records[1], field), field
     assert row["segment_id"] == seg.segment_id
     assert row["ingested_at"] == "2026-03-10T12:00:00Z"

@@ -50,9 +50,11 @@ MEASURES = [
     "unpriced",
     "cost_usd",
 ]
+CACHE_MEASURES = ["cache_hits", "saved_usd"]
+"""After the cost: requests the response cache answered, and what they spared."""
 COUNTED = MEASURES[3:-3]
 """The measures that are sums of a record's counts (audio seconds are a decimal string)."""
-EMPTY = {"cost_usd": "0", "audio_seconds": "0.000"}
+EMPTY = {"cost_usd": "0", "audio_seconds": "0.000", "saved_usd": "0"}
 GROUP_FIELDS = {
     "team": "team_id",
     "project": "project_id",
@@ -161,7 +163,7 @@ async def test_report_groups_by_each_field(
     expected = expected_groups(outcomes, costs, field)
     assert len(report["rows"]) == len(expected)
     for row in report["rows"]:
-        assert list(row) == [field, *MEASURES]
+        assert list(row) == [field, *MEASURES, *CACHE_MEASURES]
         want = expected[row[field]]
         assert {m: row[m] for m in MEASURES[:-1]} == {m: want[m] for m in MEASURES[:-1]}
         assert row["cost_usd"] == nanos_to_usd(want["cost_nanos"])
@@ -179,7 +181,7 @@ async def test_report_counts_served_refused_and_failed_apart_with_exact_totals(
     # Per million: 1000*1 + 100*3 + 333*1 + 7*3 + 700*1 + 9*3 = 2381 at the OpenAI override
     # (cache reads at the input rate), 5000*0.2 + 500*0.8 + 12*0.2 + 1*0.8 = 1403.2 at vLLM's.
     assert totals["cost_usd"] == "0.0037842"
-    assert list(totals) == MEASURES
+    assert list(totals) == [*MEASURES, *CACHE_MEASURES]
     for measure in MEASURES[:-3]:
         assert totals[measure] == sum(r[measure] for r in report["rows"])
     assert nanos(totals["cost_usd"]) == sum(nanos(r["cost_usd"]) for r in report["rows"])
@@ -238,7 +240,7 @@ async def test_report_without_group_by_is_one_row_and_empty_without_spend(
 ) -> None:
     empty = await spend_report(client, world.org)
     assert empty["rows"] == []
-    assert empty["totals"] == {m: EMPTY.get(m, 0) for m in MEASURES}
+    assert empty["totals"] == {m: EMPTY.get(m, 0) for m in [*MEASURES, *CACHE_MEASURES]}
     await mixed_traffic(client, world, clock)
     report = await spend_report(client, world.org)
     assert report["rows"] == [report["totals"]]
@@ -276,7 +278,7 @@ async def test_report_as_csv_has_a_header_and_the_json_rows(
     assert answer.headers["content-type"].startswith("text/csv")
     assert "attachment" in answer.headers["content-disposition"]
     parsed = list(csv.reader(io.StringIO(answer.text)))
-    assert parsed[0] == ["team_id", "end_user", *MEASURES]
+    assert parsed[0] == ["team_id", "end_user", *MEASURES, *CACHE_MEASURES]
 
     rows = (await spend_report(client, world.org, group_by="team,end_user"))["rows"]
     as_text = [["" if v is None else str(v) for v in row.values()] for row in rows]

@@ -112,6 +112,11 @@ class SpendRecord(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     """Their size (`1024x1024`), as the provider said or else as asked."""
     image_quality: str | None = None
     """Their quality (`hd`, `high`, …), as the provider said or else as asked."""
+    cache_hit: bool = False
+    """Answered from the response cache: no provider was called, and the record's tokens are
+    0 (nothing was used); `saved_nano_usd` is what the answer cost when it was made."""
+    saved_nano_usd: int = 0
+    """On a cache hit, the price of the provider call it spared (nano-USD)."""
 
 
 class SpendSegment(msgspec.Struct, kw_only=True):

@@ -34,6 +34,9 @@ class EventKind(StrEnum):
     MODEL_PROVIDER_UPDATED = "MODEL_PROVIDER_UPDATED"
     ROUTING_POLICY_UPDATED = "ROUTING_POLICY_UPDATED"
     ROUTING_POLICY_DELETED = "ROUTING_POLICY_DELETED"
+    CACHE_RULE_CREATED = "CACHE_RULE_CREATED"
+    CACHE_RULE_UPDATED = "CACHE_RULE_UPDATED"
+    CACHE_RULE_DELETED = "CACHE_RULE_DELETED"
 
 
 class ResolveKeyRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,6 +156,19 @@ class BudgetState(msgspec.Struct):
     is the last figure the control plane read of it, as of `spent_as_of`."""
 
 
+class CacheRuleState(msgspec.Struct):
+    """A response-cache rule that applies to a key: its requests for an alias matching one of
+    `models` (globs) are answered from the cache for `ttl_seconds`. Only enabled rules whose
+    scope covers the key are sent."""
+
+    rule_id: str
+    scope_kind: str
+    """`organization`, `team`, `project` or `virtual_key`."""
+    scope_id: str
+    models: list[str]
+    ttl_seconds: int
+
+
 class ConfigBundle(msgspec.Struct):
     vk_id: str
     organization_id: str
@@ -168,6 +184,8 @@ class ConfigBundle(msgspec.Struct):
     metadata: dict[str, str] = {}
     team_limits: Limits = msgspec.field(default_factory=Limits)
     """The rate limits of the key's team, shared by every key of the team's projects."""
+    cache_rules: list[CacheRuleState] = []
+    """The response-cache rules that cover the key (none: nothing is cached for it)."""
 
 
 SPEND_MOVED = "budget_spend"

@@ -37,6 +37,8 @@ RATIOS = (
         "Bedrock (translated, signed) / chat pass-through, 1 worker",
     ),
     ("vkgate-w1-gemini", "vkgate-w1", "Gemini (translated) / chat pass-through, 1 worker"),
+    ("vkgate-w1-cached", "vkgate-w1", "cache hits / uncached governed, 1 worker"),
+    ("vkgate-w2-cached", "vkgate-w2", "cache hits / uncached governed, 2 workers"),
 )
 
 

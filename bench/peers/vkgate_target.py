@@ -15,7 +15,12 @@ a line
 
 gives two more keys, governed alike, whose policies route the same aliases to a `bedrock`
 credential and to a `gemini` one on the same mock (Converse and generateContent answers): the
-requests are translated, and the Bedrock ones signed with SigV4.
+requests are translated, and the Bedrock ones signed with SigV4. And a line
+
+    CACHED <cached_key>
+
+gives a key governed alike, of its own organization, whose answers a cache rule scoped to it
+lets the proxy serve from its response cache (every request after the first is a hit).
 
     .venv/bin/python bench/peers/vkgate_target.py --workers 2 --upstream http://127.0.0.1:18080
 
@@ -132,9 +137,11 @@ def serve(args: argparse.Namespace, work: Path, extra: dict[str, str]) -> None:
         bedrock_key, gemini_key = proxy_overhead.seed_clouds(
             controlplane, token, args.upstream.rstrip("/")
         )
+        cached_key = proxy_overhead.seed_cached(controlplane, token, args.upstream.rstrip("/"))
         with stack.started([*stack.VKGATE, "proxy"], proxy_env, work / "proxy.log") as proxy:
             stack.wait_ok(f"{base_url}/healthz", proxy, timeout=args.start_timeout)
             print(f"CLOUD {bedrock_key} {gemini_key}", flush=True)
+            print(f"CACHED {cached_key}", flush=True)
             print(
                 f"READY {base_url} {proxy.pid} {governed_key} {STREAM_MODEL} {cp.pid}", flush=True
             )

@@ -11,7 +11,15 @@ from sqlalchemy import and_, or_, select
 
 from controlplane.errors import ApiError
 from controlplane.keys.service import KeyStatus
-from controlplane.models import Budget, Project, Provider, RoutingTarget, Team, VirtualKey
+from controlplane.models import (
+    Budget,
+    CacheRule,
+    Project,
+    Provider,
+    RoutingTarget,
+    Team,
+    VirtualKey,
+)
 from controlplane.providers.cloud import open_credentials
 from controlplane.providers.service import open_api_key, open_headers
 from controlplane.security import Cipher
@@ -21,7 +29,15 @@ from vkgate.clock import rfc3339
 from vkgate.errors import ErrorCode
 from vkgate.money import nanos_to_usd
 from vkgate.windows import window_bounds
-from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price, UnitPrice
+from vkgate.wire import (
+    BudgetState,
+    CacheRuleState,
+    ChainTarget,
+    ConfigBundle,
+    Limits,
+    Price,
+    UnitPrice,
+)
 
 REFUSED = {
     KeyStatus.REVOKED: (ErrorCode.VIRTUAL_KEY_REVOKED, "virtual key is revoked"),
@@ -67,6 +83,7 @@ async def build(
         expires_at=rfc3339(key.expires_at) if key.expires_at else None,
         metadata=dict(key.metadata_),
         team_limits=msgspec.convert(team.limits, Limits) if team is not None else Limits(),
+        cache_rules=await _cache_rules(tx, key, project),
     )
 
 
@@ -186,3 +203,33 @@ async def _budgets(tx: Tx, key: VirtualKey, project: Project, now: datetime) -> 
             )
         )
     return states
+
+
+async def _cache_rules(tx: Tx, key: VirtualKey, project: Project) -> list[CacheRuleState]:
+    """The enabled cache rules whose scope covers the key."""
+    scopes = [
+        CacheRule.scope_kind == "organization",
+        and_(CacheRule.scope_kind == "project", CacheRule.scope_id == project.id),
+        and_(CacheRule.scope_kind == "virtual_key", CacheRule.scope_id == key.id),
+    ]
+    if project.team_id is not None:
+        scopes.append(and_(CacheRule.scope_kind == "team", CacheRule.scope_id == project.team_id))
+    rows = await tx.session.scalars(
+        select(CacheRule)
+        .where(
+            CacheRule.organization_id == key.organization_id,
+            CacheRule.enabled.is_(True),
+            or_(*scopes),
+        )
+        .order_by(CacheRule.id)
+    )
+    return [
+        CacheRuleState(
+            rule_id=row.id,
+            scope_kind=row.scope_kind,
+            scope_id=row.scope_id,
+            models=list(row.models),
+            ttl_seconds=row.ttl_seconds,
+        )
+        for row in rows
+    ]

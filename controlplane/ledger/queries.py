@@ -51,6 +51,9 @@ MEASURES: tuple[tuple[str, str], ...] = (
     # Requests that spent something no price covers: their cost is 0 in the ledger.
     ("unpriced", "countIf(price_source = 'unpriced')"),
     ("cost_nano_usd", "sum(cost_nano_usd)"),
+    # Requests answered from the response cache, and what the provider calls they spared cost.
+    ("cache_hits", "countIf(cache_hit)"),
+    ("saved_nano_usd", "sum(saved_nano_usd)"),
 )
 
 

@@ -56,6 +56,8 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "images",
     "image_size",
     "image_quality",
+    "cache_hit",
+    "saved_nano_usd",
 )
 PRICE_COLUMNS: tuple[str, ...] = ("cost_nano_usd", "price_source", "price_version")
 LEDGER_COLUMNS: tuple[str, ...] = (*RECORD_COLUMNS, *PRICE_COLUMNS, "ingested_at")

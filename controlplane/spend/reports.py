@@ -26,10 +26,12 @@ from vkgate.clock import rfc3339
 from vkgate.money import nanos_to_usd
 
 FORMATS = ("json", "csv")
-MEASURE_FIELDS: tuple[str, ...] = (*(m for m, _ in MEASURES if m != "cost_nano_usd"), "cost_usd")
-LEDGER_FIELDS: tuple[str, ...] = tuple(
-    "cost_usd" if c == "cost_nano_usd" else c for c in LEDGER_COLUMNS
-)
+_MONEY = {"cost_nano_usd": "cost_usd", "saved_nano_usd": "saved_usd"}
+"""Nano-USD columns and the decimal USD fields they are given as."""
+MONEY_FIELDS: frozenset[str] = frozenset(_MONEY.values())
+"""The measures given as decimal USD strings."""
+MEASURE_FIELDS: tuple[str, ...] = tuple(_MONEY.get(m, m) for m, _ in MEASURES)
+LEDGER_FIELDS: tuple[str, ...] = tuple(_MONEY.get(c, c) for c in LEDGER_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +96,13 @@ async def report(ledger: Ledger, period: queries.Period, group_by: Sequence[str]
     grouped = await ledger.report(period, group_by)
     group_fields = [GROUPS[g][0] for g in group_by]
     rows = [_report_row(r, group_fields) for r in grouped]
-    totals: dict[str, Any] = {m: sum(r[m] for r in grouped) for m, _ in MEASURES}
-    totals["cost_usd"] = nanos_to_usd(totals.pop("cost_nano_usd"))
+    totals: dict[str, Any] = {}
+    for measure, _ in MEASURES:
+        total = sum(r[measure] for r in grouped)
+        if measure in _MONEY:
+            totals[_MONEY[measure]] = nanos_to_usd(total)
+        else:
+            totals[measure] = total
     totals["audio_seconds"] = seconds_text(totals["audio_seconds"])
     return Report(rows, totals, [*group_fields, *MEASURE_FIELDS])
 
@@ -111,8 +118,8 @@ _MILLI = Decimal("0.001")
 def _report_row(row: dict[str, Any], group_fields: Sequence[str]) -> dict[str, Any]:
     out = {f: row[f] for f in group_fields}
     for name, _ in MEASURES:
-        if name == "cost_nano_usd":
-            out["cost_usd"] = nanos_to_usd(int(row[name]))
+        if name in _MONEY:
+            out[_MONEY[name]] = nanos_to_usd(int(row[name]))
         elif name == "audio_seconds":
             out[name] = seconds_text(row[name])
         else:
@@ -137,8 +144,8 @@ def _ledger_row(row: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for column in LEDGER_COLUMNS:
         value = row[column]
-        if column == "cost_nano_usd":
-            out["cost_usd"] = nanos_to_usd(int(value))
+        if column in _MONEY:
+            out[_MONEY[column]] = nanos_to_usd(int(value))
         elif column == "audio_seconds":
             out[column] = seconds_text(value)
         elif isinstance(value, datetime):

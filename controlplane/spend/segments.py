@@ -24,6 +24,8 @@ from vkgate.spend import SEGMENT_ENCODING, RecordKind, SpendRecord, SpendSegment
 MAX_TOKENS = 2**53
 MAX_SECONDS = 10**12
 """More seconds than any audio (the ledger's column holds 15 digits before the point)."""
+MAX_NANO_USD = 2**62
+"""Of a record's `saved_nano_usd`: an Int64 column, with room to sum."""
 MAX_ID_LENGTH = 200
 _KINDS = frozenset(RecordKind)
 _SOURCES = frozenset(UsageSource)
@@ -143,6 +145,7 @@ def _plausible(record: SpendRecord, replica_id: str) -> bool:
         and record.cache_read_tokens + record.cache_write_tokens <= record.input_tokens
         and 0 <= record.latency_ms < math.inf
         and (record.ttfb_ms is None or 0 <= record.ttfb_ms < math.inf)
+        and 0 <= record.saved_nano_usd < MAX_NANO_USD
         and _units_plausible(record)
     )
 
@@ -212,6 +215,8 @@ def _refuse_record(segment: SpendSegment, index: int, record: SpendRecord) -> No
         raise refuse("latency_ms", "must be a finite number of 0 or more")
     if record.ttfb_ms is not None and not (math.isfinite(record.ttfb_ms) and record.ttfb_ms >= 0):
         raise refuse("ttfb_ms", "must be a finite number of 0 or more")
+    if not 0 <= record.saved_nano_usd < MAX_NANO_USD:
+        raise refuse("saved_nano_usd", "must be an amount of 0 or more")
     problem = _units_problem(record)
     if problem is not None:
         raise refuse(*problem)

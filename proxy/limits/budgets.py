@@ -278,11 +278,7 @@ class BudgetGuard:
             if rule.scope_kind == "end_user":
                 if end_user is None:
                     if rule.per_end_user:
-                        raise ProxyError(
-                            ErrorCode.END_USER_REQUIRED,
-                            f"{rule.label} gives each end user an allowance: name the end user "
-                            "in the X-Vkgate-End-User header or the body's `user`",
-                        )
+                        raise end_user_required(rule)
                     continue
                 if not rule.per_end_user and rule.scope_id != end_user:
                     continue
@@ -489,6 +485,26 @@ class BudgetGuard:
         as_of = unix_seconds(answer.as_of) or 0.0
         self._end_users[key] = (nanos, as_of, now)
         return nanos, as_of
+
+
+def end_user_required(rule: BudgetRule) -> ProxyError:
+    """`400 end_user_required`: the request names no end user, and `rule` gives each one an
+    allowance."""
+    return ProxyError(
+        ErrorCode.END_USER_REQUIRED,
+        f"{rule.label} gives each end user an allowance: name the end user "
+        "in the X-Vkgate-End-User header or the body's `user`",
+    )
+
+
+def check_end_user(rules: Sequence[BudgetRule], end_user: str | None) -> None:
+    """Refuse a request without an end user when a per-end-user budget applies: also to one
+    that moves no budget (a cache hit), so a request is accepted or refused alike whether or
+    not its answer is cached."""
+    if end_user is None:
+        for rule in rules:
+            if rule.per_end_user:
+                raise end_user_required(rule)
 
 
 def _exceeded(rule: BudgetRule, level: int, amount: int) -> ProxyError:

@@ -119,6 +119,16 @@ class Ticket:
             record.provider_kind = upstream.kind
             record.upstream_model = upstream.model
             record.served_model = outcome.served_model or upstream.model
+        cached = outcome.cached
+        if cached is not None:
+            # Served from the response cache: nothing was used, and what it spared is said.
+            record.cache_hit = True
+            record.saved_nano_usd = cached.saved_nano_usd
+            record.provider_id = cached.provider_id
+            record.provider_kind = cached.provider_kind
+            record.upstream_model = cached.upstream_model
+            record.served_model = cached.served_model or cached.upstream_model
+            return record
         usage = outcome.usage
         if request is not None and request.meter is not None:
             # Audio and images: the route knows its units, and an upload is no prompt to count.

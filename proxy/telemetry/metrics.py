@@ -129,6 +129,8 @@ class Sources:
     """(serving from in-process counters now, calls served so) while Redis is configured."""
     limits_leases: Callable[[], LeaseStats] | None = None
     """What the leases of the shared counters did, while Redis is configured."""
+    response_cache: Callable[[], tuple[int, int, int]] | None = None
+    """The response cache's (entries, bytes) in process, and its calls Redis could not serve."""
 
 
 class ProxyMetrics(Collector):
@@ -179,6 +181,18 @@ class ProxyMetrics(Collector):
             "Requests refused 402 budget_exceeded, by the refusing budget's scope",
             ("scope",),
         )
+        self.cache_lookups = Tally(
+            "vkgate_response_cache_lookups",
+            "Requests a cache rule covers, by what the cache did: hit, miss, refresh "
+            "(Cache-Control: no-cache), bypass (no-store)",
+            ("result",),
+        )
+        self.cache_stores = Tally(
+            "vkgate_response_cache_stores",
+            "Answers of misses and refreshes, by what became of them: stored, not_stored (not "
+            "a whole 2xx answer), too_large (over VKGATE_CACHE_MAX_ENTRY_BYTES), unreadable",
+            ("result",),
+        )
         self.sources = Sources()
         self.provider_names: dict[str, str] = {}
         """Provider id -> name, learnt from requests, for the breaker gauge's labels."""
@@ -197,6 +211,8 @@ class ProxyMetrics(Collector):
             self.fallbacks,
             self.limit_refusals,
             self.budget_refusals,
+            self.cache_lookups,
+            self.cache_stores,
         ):
             yield tally.family()
         for timings in (self.duration, self.first_byte, self.upstream):
@@ -278,9 +294,31 @@ class ProxyMetrics(Collector):
 
         if sources.limits_leases is not None:
             yield from _lease_families(sources.limits_leases())
+        if sources.response_cache is not None:
+            yield from _cache_families(*sources.response_cache())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _cache_families(
+    entries: int, size: int, redis_errors: int
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    yield GaugeMetricFamily(
+        "vkgate_response_cache_entries",
+        "Answers the in-process response cache holds (0 with Redis)",
+        value=entries,
+    )
+    yield GaugeMetricFamily(
+        "vkgate_response_cache_bytes",
+        "Bytes the in-process response cache holds, of VKGATE_CACHE_MAX_BYTES (0 with Redis)",
+        value=size,
+    )
+    yield CounterMetricFamily(
+        "vkgate_response_cache_redis_errors",
+        "Response-cache calls Redis could not serve, each a miss or an answer not kept",
+        value=redis_errors,
+    )
 
 
 def _lease_families(stats: LeaseStats) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:

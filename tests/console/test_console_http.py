@@ -366,7 +366,9 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
 
     def cells(row: dict[str, object], groups: list[str]) -> list[str]:
         shown = [str(row[g]) if row[g] is not None else "(none)" for g in groups]
-        return [*shown, *(f"{int(str(row[m])):,}" for m in measures), f"${row['cost_usd']}"]
+        counts = [f"{int(str(row[m])):,}" for m in measures]
+        hits = f"{int(str(row['cache_hits'])):,}"
+        return [*shown, *counts, f"${row['cost_usd']}", hits, f"${row['saved_usd']}"]
 
     body, foot = _table_cells(page.text)
     assert body == [cells(r, ["team_id", "model"]) for r in report["rows"]]
@@ -405,11 +407,11 @@ async def test_the_spend_tables_pages_together_are_the_reports_rows(
         body, foot = _table_cells(page.text)
         assert len(body) <= 2
         seen += body
-        assert foot[0][-1] == f"${report['totals']['cost_usd']}"
+        assert foot[0][-3] == f"${report['totals']['cost_usd']}"
         found = re.search(r'href="([^"]+)">Next rows', page.text)
         path = found.group(1).replace("&amp;", "&") if found else None
     assert len(report["rows"]) > 2 or not groups
-    assert [[*r[: len(groups)], r[-1]] for r in seen] == [
+    assert [[*r[: len(groups)], r[-3]] for r in seen] == [
         [*(str(row[g]) if row[g] is not None else "(none)" for g in groups), f"${row['cost_usd']}"]
         for row in report["rows"]
     ]

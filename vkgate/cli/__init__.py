@@ -8,6 +8,7 @@ from vkgate import env as E
 from vkgate.cli._client import default_token, default_url
 from vkgate.cli._context import CliContext
 from vkgate.cli.budgets import audit, budgets, tokens
+from vkgate.cli.cache_rules import cache_rules
 from vkgate.cli.doctor import doctor
 from vkgate.cli.keys import keys
 from vkgate.cli.orgs import orgs, projects, teams
@@ -33,5 +34,5 @@ def main(ctx: click.Context, url: str | None, token: str | None) -> None:
 
 for command in (up, controlplane, proxy, migrate, orgs, teams, projects, providers, policies, keys):
     main.add_command(command)
-for command in (budgets, tokens, audit, spend, doctor, secrets):
+for command in (budgets, cache_rules, tokens, audit, spend, doctor, secrets):
     main.add_command(command)

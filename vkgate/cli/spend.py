@@ -49,6 +49,8 @@ LEDGER_COLUMNS = (
     "output_tokens",
     "cost_usd",
     "price_source",
+    "cache_hit",
+    "saved_usd",
 )
 
 
@@ -104,7 +106,8 @@ def report(
     as_json: bool,
 ) -> None:
     """Requests, refusals, failures, tokens, the units audio and image calls use, requests
-    no price covered (`unpriced`, at $0 in the ledger) and cost, grouped; with totals."""
+    no price covered (`unpriced`, at $0 in the ledger), cost, and the requests the response
+    cache answered (`cache_hits`) with what they saved (`saved_usd`), grouped; with totals."""
     groups = _group_by(group_by)
     answer = admin_client().get(
         "/api/spend/report",

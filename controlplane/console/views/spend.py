@@ -35,8 +35,12 @@ TABLE_MEASURES = (
     "output_tokens",
     "cache_read_tokens",
     "cost_nano_usd",
+    "cache_hits",
+    "saved_nano_usd",
 )
 """What the table shows: the ledger reads only these (the CSV, the report's every measure)."""
+MONEY = {"cost_nano_usd": "cost_usd", "saved_nano_usd": "saved_usd"}
+"""The measures in nano-USD, and the fields the table shows them as, as the report does."""
 
 
 def _offset(text: str | None, count: int) -> int:
@@ -68,11 +72,11 @@ def _without_day(rows: list[dict[str, Any]], fields: list[str]) -> list[dict[str
 
 
 def _shown(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
-    """A row as the table shows it: its counts, and its cost in USD as the report says it."""
+    """A row as the table shows it: its counts, and its money in USD as the report says it."""
     out = {f: row[f] for f in fields}
     for measure in TABLE_MEASURES:
-        if measure == "cost_nano_usd":
-            out["cost_usd"] = nanos_to_usd(int(row[measure]))
+        if measure in MONEY:
+            out[MONEY[measure]] = nanos_to_usd(int(row[measure]))
         else:
             out[measure] = int(row[measure])
     return out

@@ -1,0 +1,1 @@
+"""Response-cache rules: which keys' requests for which models are answered from the cache."""
