@@ -176,7 +176,11 @@ def create_app(
         db,
         app_clock,
         idle=timedelta(minutes=settings.console_session_idle_minutes),
-        env_token_set=settings.admin_token is not None,
+        env_token_hashes=(
+            ()
+            if settings.admin_token is None
+            else state.hasher.candidates_of_secret(settings.admin_token)
+        ),
     )
     app = Litestar(
         route_handlers=[admin, internal_router, console_router(), healthz, readyz, metrics],

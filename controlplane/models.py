@@ -304,6 +304,9 @@ class ConsoleSession(Base):
     id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     token_id: Mapped[str] = mapped_column(String(40))
     """The admin token's id, or `env` for VKGATE_ADMIN_TOKEN; its revocation ends the session."""
+    token_hash: Mapped[str | None] = mapped_column(String(64))
+    """For `env`: VKGATE_ADMIN_TOKEN's peppered hash when the session opened; another value of
+    the variable ends the session. None for a stored token (its row says if it is revoked)."""
     role: Mapped[str] = mapped_column(String(16))
     organization_id: Mapped[str | None] = mapped_column(String(40))
     csrf_token: Mapped[str] = mapped_column(String(64))

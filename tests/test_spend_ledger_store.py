@@ -220,6 +220,11 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
             SpendFilter(),
         ]
         assert (await ledger.spend(org, windows, AT)).nanos == (1453, 1403, 9, 1462)
+        # The console's grouped read of many organizations' budgets gives the same sums.
+        other = [("org_other", SpendFilter(start=day, end=day + timedelta(days=1)))]
+        assert await ledger.spend_across([*((org, w) for w in windows), *other]) == (
+            (1453, 1403, 9, 1462, 0)
+        )
         assert summed_daily() == 59
 
         # The file run again, as after a failure half-way: nothing is counted twice.
@@ -230,6 +235,57 @@ async def test_budgets_count_every_row_once_across_the_start_of_the_daily_sums(
         finally:
             client.close()
         assert (await ledger.spend(org, windows, AT)).nanos == (1453, 1403, 9, 1462)
+    finally:
+        await ledger.close()
+
+
+async def test_budgets_of_many_organizations_read_together_are_each_one_read_alone(
+    fresh_database: LedgerLocation,
+) -> None:
+    migrate.upgrade(fresh_database)
+    ledger = Ledger(fresh_database)
+    day = datetime(2026, 3, 10, tzinfo=UTC)
+    orgs = [f"org_{secrets.token_hex(4)}" for _ in range(3)]
+    priced = []
+    for n, org in enumerate(orgs):
+        for d in range(3):
+            for k in range(3):
+                fields = {
+                    "virtual_key_id": f"vk_{k}",
+                    "team_id": f"team_{k % 2}",
+                    "project_id": f"proj_{k}",
+                    "provider_id": f"prov_{d % 2}",
+                    "end_user": f"user_{k}",
+                }
+                cost = 1_000_003 * (n + 1) + 10_007 * d + 101 * k
+                priced.append(_priced(org, day + timedelta(days=d), cost, **fields))
+        priced.append(_priced(org, day, 7))  # no key, team, project, provider or end user
+    try:
+        # Ingested from the daily sums' start on: budgets read the sums, as in service.
+        await ledger.write(priced, [], datetime.now(UTC) + timedelta(seconds=61))
+        kinds = [
+            SpendFilter(),
+            SpendFilter(start=day),
+            SpendFilter(start=day, end=day + timedelta(days=1)),
+            SpendFilter(start=day + timedelta(days=1), virtual_key_id="vk_1"),
+            SpendFilter(start=day, virtual_key_id="vk_2", provider_id="prov_0"),
+            SpendFilter(team_id="team_0"),
+            SpendFilter(start=day, project_id="proj_0", end=day + timedelta(days=2)),
+            SpendFilter(start=day, end_user="user_1"),
+            SpendFilter(start=day, provider_id="prov_1"),
+            SpendFilter(start=day, virtual_key_id="vk_none"),
+        ]
+        alone = []
+        for org in orgs:
+            alone += (await ledger.spend(org, kinds, AT)).nanos
+        together = await ledger.spend_across([(org, k) for org in orgs for k in kinds])
+        assert together == tuple(alone)
+        assert sum(1 for n in together if n) == 27
+        # A budget of an organization with no spend, among them, in any order.
+        mixed = [("org_none", kinds[1]), (orgs[1], kinds[3]), (orgs[0], kinds[3])]
+        assert await ledger.spend_across(mixed) == (0, alone[13], alone[3])
+        with pytest.raises(ValueError, match="whole UTC days"):
+            await ledger.spend_across([(orgs[0], SpendFilter(start=day + timedelta(hours=1)))])
     finally:
         await ledger.close()
 

@@ -15,7 +15,7 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from controlplane.console import _format
-from controlplane.console._core import PREFIX, SignInRequired
+from controlplane.console._core import COOKIE, PREFIX, SignInRequired
 from controlplane.console.views import (
     audit,
     budgets,
@@ -59,10 +59,19 @@ def console_templates() -> TemplateConfig[JinjaTemplateEngine]:
 
 
 def _sign_in(request: Request[Any, Any, Any], _: SignInRequired) -> Response[Any]:
+    # A cookie with no live session behind it: the session ended (idle, signed out elsewhere,
+    # its token revoked or changed), and the sign-in page says so.
+    ended = bool(request.cookies.get(COOKIE))
+    path = f"{PREFIX}/sign-in{'?ended=1' if ended else ''}"
+    response: Response[Any]
     if request.headers.get("hx-request") == "true":
         # htmx would swap the sign-in page into a fragment: have it load the page instead.
-        return Response(b"", status_code=401, headers={"HX-Redirect": f"{PREFIX}/sign-in"})
-    return Redirect(path=f"{PREFIX}/sign-in", status_code=303)
+        response = Response(b"", status_code=401, headers={"HX-Redirect": path})
+    else:
+        response = Redirect(path=path, status_code=303)
+    if ended:
+        response.delete_cookie(COOKIE, path=PREFIX)
+    return response
 
 
 def _error_page(status: int, message: str, headers: dict[str, str] | None = None) -> Template:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -38,13 +39,20 @@ class Session:
 
 
 class ConsoleSessions:
-    """Opens, finds and ends sessions; one that sat idle past the timeout is gone."""
+    """Opens, finds and ends sessions; one that sat idle past the timeout is gone.
 
-    def __init__(self, db: Database, clock: Clock, *, idle: timedelta, env_token_set: bool) -> None:
+    `env_token_hashes` are VKGATE_ADMIN_TOKEN's peppered hashes (`Hasher.candidates_of_secret`,
+    the current pepper's first), none when it is unset. A session it opened stores the first
+    and lives only while the variable still hashes to a stored one: a changed value ends it as
+    a removed one does, and the hashes under earlier peppers keep it through a rotation."""
+
+    def __init__(
+        self, db: Database, clock: Clock, *, idle: timedelta, env_token_hashes: Sequence[str]
+    ) -> None:
         self._db = db
         self._clock = clock
         self._idle = idle
-        self._env_token_set = env_token_set
+        self._env_token_hashes = tuple(env_token_hashes)
 
     async def open(self, actor: Actor) -> str:
         """A new session for `actor`; its id (the cookie's value) exists only in the answer."""
@@ -61,6 +69,7 @@ class ConsoleSessions:
                     token_id=actor.id,
                     role=actor.role.value,
                     organization_id=actor.organization_id,
+                    token_hash=(self._env_token_hashes[0] if actor.id == ENV_TOKEN_ACTOR else None),
                     csrf_token=secrets.token_urlsafe(32),
                     created_at=now,
                     last_seen_at=now,
@@ -85,7 +94,7 @@ class ConsoleSessions:
                 return None
             row, revoked_at = found
             token_gone = (
-                not self._env_token_set
+                not self._env_token_still(row.token_hash)
                 if row.token_id == ENV_TOKEN_ACTOR
                 else revoked_at is not None
             )
@@ -100,6 +109,13 @@ class ConsoleSessions:
                 ),
                 csrf_token=row.csrf_token,
             )
+
+    def _env_token_still(self, stored: str | None) -> bool:
+        """Whether VKGATE_ADMIN_TOKEN is still the value that opened a session; a session
+        stored before its hash was (None) cannot say, and ends."""
+        if stored is None:
+            return False
+        return any(hmac.compare_digest(stored, h) for h in self._env_token_hashes)
 
     async def close(self, session_id: str | None) -> None:
         if not session_id:

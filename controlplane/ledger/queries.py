@@ -224,15 +224,19 @@ def _period(period: Period) -> tuple[str, dict[str, Any]]:
     return " AND ".join(conditions), parameters
 
 
-def report(period: Period, group_by: Sequence[str]) -> Query:
+def report(period: Period, group_by: Sequence[str], measures: Sequence[str] | None = None) -> Query:
     """Counts, token sums and cost per group; without groups, one row (none if no rows).
 
-    Measures come back prefixed with MEASURE_PREFIX.
+    Measures come back prefixed with MEASURE_PREFIX: all of MEASURES, or those named in
+    `measures` (fewer columns read: the web console's table shows some).
     """
     where, parameters = _period(period)
     groups = [f"{GROUPS[g][1]} AS {GROUPS[g][0]}" for g in group_by]
-    measures = [f"{expression} AS {MEASURE_PREFIX}{name}" for name, expression in MEASURES]
-    sql = f"SELECT {', '.join([*groups, *measures])} FROM ledger_rows FINAL WHERE {where}"  # noqa: S608
+    wanted = [(n, e) for n, e in MEASURES if measures is None or n in measures]
+    if measures is not None and len(wanted) != len(set(measures)):
+        raise ValueError(f"unknown measures: {sorted(set(measures) - {n for n, _ in wanted})}")
+    selected = [f"{expression} AS {MEASURE_PREFIX}{name}" for name, expression in wanted]
+    sql = f"SELECT {', '.join([*groups, *selected])} FROM ledger_rows FINAL WHERE {where}"  # noqa: S608
     if group_by:
         fields = ", ".join(GROUPS[g][0] for g in group_by)
         sql += f" GROUP BY {fields} ORDER BY {fields}"

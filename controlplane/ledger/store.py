@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from controlplane.ledger import queries
+from controlplane.ledger import queries, spend_sums
 from controlplane.ledger.client import CHDB_LOCK, LedgerError, connect, require_engine
 from controlplane.ledger.rows import (
     ADMIT_COLUMNS,
@@ -205,14 +205,14 @@ class Ledger:
         self, filters: Sequence[tuple[str, queries.SpendFilter]]
     ) -> tuple[int, ...]:
         """Nano-USD spent under each (organization, filter), in one read: the console's lists
-        of budgets of many organizations."""
+        of budgets of many organizations, grouped so that hundreds cost about what a few do."""
         if not filters:
             return ()
 
         def work(client: Any) -> tuple[int, ...]:
-            query = queries.spend_across(filters, self._since(client))
-            result = client.query(query.sql, parameters=query.parameters)
-            return tuple(int(v or 0) for v in result.result_rows[0])
+            grouped = spend_sums.spend_grouped(filters, self._since(client))
+            result = client.query(grouped.query.sql, parameters=grouped.query.parameters)
+            return grouped.nanos(result.result_rows)
 
         return await self._run(work)
 
@@ -227,8 +227,13 @@ class Ledger:
             self._since_read = (since, now)
         return self._since_read[0]
 
-    async def report(self, period: queries.Period, group_by: Sequence[str]) -> list[dict[str, Any]]:
-        named = await self._named(queries.report(period, group_by))
+    async def report(
+        self,
+        period: queries.Period,
+        group_by: Sequence[str],
+        measures: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        named = await self._named(queries.report(period, group_by, measures))
         prefix = queries.MEASURE_PREFIX
         return [{k.removeprefix(prefix): v for k, v in row.items()} for row in named]
 

@@ -42,6 +42,8 @@ class Stack:
     proxy: str
     admin_token: str
     demo_key: str
+    home: Path
+    """VKGATE_HOME: the control plane's SQLite database is there."""
 
 
 @contextmanager
@@ -75,6 +77,7 @@ def demo_stack(home: Path) -> Iterator[Stack]:
             proxy=proxy,
             admin_token=banner_value(output, "admin token"),
             demo_key=banner_value(output, "demo key"),
+            home=home,
         )
     finally:
         up.process.send_signal(signal.SIGINT)

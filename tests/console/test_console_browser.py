@@ -8,12 +8,18 @@ import csv
 import io
 import re
 import time
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
 
+from controlplane.console._core import COOKIE
+from controlplane.console.sessions import session_hash
+from controlplane.models import ConsoleSession
+from controlplane.settings import DEFAULT_CONSOLE_SESSION_IDLE_MINUTES
 from tests.console.browser import WAIT_MS, Stack, heading, shot
 
 SPEND_TIMEOUT_S = 60.0
@@ -164,7 +170,8 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
         return row.count() == 1 and row.locator("td").nth(1).inner_text() == "1"
 
     until(spend_shows_the_request, "the request did not reach Spend")
-    cost = page.locator("tbody tr", has_text="chat").locator("td").last.inner_text()
+    # model, four counts, three token sums, then the cost (cache hits and saved come after).
+    cost = page.locator("tbody tr", has_text="chat").locator("td").nth(8).inner_text()
     assert re.fullmatch(r"\$0\.0\d+", cost), cost  # priced by the provider's override
     shot(page, "09-spend")
     page.get_by_label("day", exact=True).check()
@@ -193,6 +200,11 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     page.get_by_role("link", name="Back to budgets", exact=True).click()
     assert cost in page.locator("tbody tr", has_text="acme monthly").inner_text()
     shot(page, "12-budgets")
+    # The overview again, with the budget among those nearest their limit.
+    page.get_by_role("link", name="Overview", exact=True).click()
+    nearest = page.locator("table", has=page.locator("th", has_text="Budget"))
+    assert "acme monthly" in nearest.inner_text() and cost in nearest.inner_text()
+    shot(page, "12-overview-budget")
 
     page.get_by_role("link", name="Virtual keys", exact=True).click()
     page.get_by_role("link", name="Revoke support-bot", exact=True).click()
@@ -336,3 +348,51 @@ def test_posts_without_the_csrf_token_are_refused(page: Any, stack: Stack) -> No
     with admin_api(stack) as api:
         names = [o["name"] for o in api.get("/api/admin/organizations").json()["data"]]
     assert "no-csrf" not in names
+
+
+def idle_for(page: Any, stack: Stack, minutes: float) -> None:
+    """As if the browser's session had sat unused `minutes` more: its last use is moved back in
+    the control plane's database, where the server measures idleness from (the running
+    process's clock cannot be set, and the timeout is half an hour)."""
+    cookie = next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)
+    engine = sa.create_engine(f"sqlite:///{stack.home / 'controlplane.db'}")
+    try:
+        with engine.begin() as conn:
+            mine = ConsoleSession.id_hash == session_hash(cookie)
+            seen = conn.execute(sa.select(ConsoleSession.last_seen_at).where(mine)).scalar_one()
+            moved = seen - timedelta(minutes=minutes)
+            conn.execute(sa.update(ConsoleSession).where(mine).values(last_seen_at=moved))
+    finally:
+        engine.dispose()
+
+
+def test_a_session_idle_past_its_timeout_is_sent_to_the_sign_in_page(
+    page: Any, stack: Stack
+) -> None:
+    idle = DEFAULT_CONSOLE_SESSION_IDLE_MINUTES
+    sign_in(page, stack, stack.admin_token)
+    # Used just within the timeout, twice: each use starts the idle time again.
+    for _ in range(2):
+        idle_for(page, stack, idle - 1)
+        page.get_by_role("link", name="Virtual keys", exact=True).click()
+        page.get_by_role("heading", name=heading("Virtual keys")).wait_for()
+        page.get_by_role("link", name="Overview", exact=True).click()
+        page.get_by_role("heading", name=heading("Overview")).wait_for()
+
+    # Idle past it: the next page is the sign-in page, and signing in again works.
+    idle_for(page, stack, idle + 1)
+    page.get_by_role("link", name="Virtual keys", exact=True).click()
+    page.wait_for_url(f"{stack.console}/sign-in?ended=1")
+    page.get_by_role("status").filter(has_text="Your session ended").wait_for()
+    shot(page, "session-expired")
+    sign_in(page, stack, stack.admin_token)
+
+    # A partial update (the keys' filter, fetched by htmx) loads the sign-in page whole,
+    # rather than swapping it into the table.
+    page.get_by_role("link", name="Virtual keys", exact=True).click()
+    page.get_by_role("heading", name=heading("Virtual keys")).wait_for()
+    idle_for(page, stack, idle + 1)
+    page.get_by_label("Filter by status").select_option("revoked")
+    page.wait_for_url(f"{stack.console}/sign-in?ended=1")
+    page.get_by_role("button", name="Sign in").wait_for()
+    assert page.locator("#keys-table").count() == 0

@@ -15,7 +15,9 @@ import pytest
 from litestar import Litestar
 
 from controlplane.app import create_app
+from controlplane.console.views import spend as spend_view
 from controlplane.db import Database
+from controlplane.ledger.queries import GROUPS
 from controlplane.settings import ControlPlaneSettings
 from tests.conftest import World, seed_world, serve_in_loop
 from tests.console.support import CSRF, csrf_of, post_form, sign_in
@@ -171,8 +173,22 @@ async def test_an_idle_session_expires_and_an_active_one_does_not(
     clock.elapse(30 * 60)
     expired = await browser.get("/console/keys")
     assert expired.status_code == 303
-    assert expired.headers["location"] == "/console/sign-in"
-    assert (await browser.get("/console/")).status_code == 303
+    # The browser is told its session ended, and forgets the cookie.
+    assert expired.headers["location"] == "/console/sign-in?ended=1"
+    assert 'vkgate_console=""' in expired.headers["set-cookie"]
+    notice = await browser.get(expired.headers["location"])
+    assert "Your session ended" in notice.text
+    assert "Your session ended" not in (await browser.get("/console/sign-in")).text
+    again = await browser.get("/console/")
+    assert (again.status_code, again.headers["location"]) == (303, "/console/sign-in")
+    # htmx is told to load the page, not to swap it into the part it asked for.
+    await sign_in(browser, ADMIN_TOKEN)
+    clock.elapse(30 * 60)
+    partial = await browser.get(
+        "/console/keys", headers={"HX-Request": "true", "HX-Target": "keys-table"}
+    )
+    assert (partial.status_code, partial.text) == (401, "")
+    assert partial.headers["hx-redirect"] == "/console/sign-in?ended=1"
 
 
 async def test_revoking_the_token_ends_its_console_sessions(
@@ -344,9 +360,21 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
         "&group_by=team&group_by=model"
     )
     assert page.status_code == 200
-    assert f"${report['totals']['cost_usd']}<" in page.text
-    for row in report["rows"]:
-        assert f"${row['cost_usd']}<" in page.text
+    # Every cell of the table and of its total row is the report's figure.
+    measures = ["requests", "refused", "failed", "unpriced"]
+    measures += ["input_tokens", "output_tokens", "cache_read_tokens"]
+
+    def cells(row: dict[str, object], groups: list[str]) -> list[str]:
+        shown = [str(row[g]) if row[g] is not None else "(none)" for g in groups]
+        counts = [f"{int(str(row[m])):,}" for m in measures]
+        hits = f"{int(str(row['cache_hits'])):,}"
+        return [*shown, *counts, f"${row['cost_usd']}", hits, f"${row['saved_usd']}"]
+
+    body, foot = _table_cells(page.text)
+    assert body == [cells(r, ["team_id", "model"]) for r in report["rows"]]
+    assert foot == [[f"Total of all {len(report['rows'])} rows", *cells(report["totals"], [])]]
+    assert any(int(r["refused"]) for r in report["rows"])  # the traffic has every kind
+    assert any(int(r["failed"]) for r in report["rows"])
     assert "<svg" in page.text and "Spend by day, stacked by team" in page.text
     rows = list(csv.DictReader(io.StringIO(console.text)))
     assert len(rows) == len(report["rows"])
@@ -354,6 +382,42 @@ async def test_spend_shows_the_reports_figures_and_its_csv_is_the_apis(
     overview = await browser.get("/console/")
     assert "acme" in overview.text
     assert f"${report['totals']['cost_usd']}<" in overview.text
+
+
+@pytest.mark.parametrize("group_by", ["day,model", "model,team", ""])
+async def test_the_spend_tables_pages_together_are_the_reports_rows(
+    client: Client,
+    browser: Client,
+    world: World,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    group_by: str,
+) -> None:
+    monkeypatch.setattr(spend_view, "TABLE_ROWS", 2)
+    await mixed_traffic(client, world, clock)
+    await sign_in(browser, ADMIN_TOKEN)
+    query = f"organization_id={world.org}&from=2026-03-01&to=2026-03-11&group_by={group_by}"
+    report = (await client.get(f"/api/spend/report?{query}", headers=ADMIN)).json()
+    groups = [GROUPS[g][0] for g in group_by.split(",") if g]
+    seen: list[list[str]] = []
+    path: str | None = f"/console/spend?{query}&grouped=1"
+    while path is not None:
+        page = await browser.get(path)
+        assert page.status_code == 200, page.text
+        body, foot = _table_cells(page.text)
+        assert len(body) <= 2
+        seen += body
+        assert foot[0][-3] == f"${report['totals']['cost_usd']}"
+        found = re.search(r'href="([^"]+)">Next rows', page.text)
+        path = found.group(1).replace("&amp;", "&") if found else None
+    assert len(report["rows"]) > 2 or not groups
+    assert [[*r[: len(groups)], r[-3]] for r in seen] == [
+        [*(str(row[g]) if row[g] is not None else "(none)" for g in groups), f"${row['cost_usd']}"]
+        for row in report["rows"]
+    ]
+    past = len(report["rows"]) + 1
+    beyond = await browser.get(f"/console/spend?{query}&grouped=1&offset={past}")
+    assert beyond.status_code == 422 and "offset" in beyond.text
 
 
 async def test_the_consoles_edits_reach_the_admin_api(
@@ -461,6 +525,42 @@ async def test_the_consoles_edits_reach_the_admin_api(
     assert "virtual_key.rotate" in audit.text and "budget.create" not in audit.text
 
 
+class _Cells(HTMLParser):
+    """The text of each cell of a page's table, by row, in its body and in its foot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body: list[list[str]] = []
+        self.foot: list[list[str]] = []
+        self._part: list[list[str]] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("tbody", "tfoot"):
+            self._part = self.body if tag == "tbody" else self.foot
+        elif tag == "tr" and self._part is not None:
+            self._part.append([])
+        elif tag == "td" and self._part is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("tbody", "tfoot"):
+            self._part = None
+        elif tag == "td" and self._part is not None and self._cell is not None:
+            self._part[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _table_cells(page: str) -> tuple[list[list[str]], list[list[str]]]:
+    parser = _Cells()
+    parser.feed(page)
+    return parser.body, parser.foot
+
+
 class _Fields(HTMLParser):
     """Every form field of a page, and whether a label names it."""
 
@@ -510,3 +610,46 @@ async def test_every_field_of_every_page_has_a_label(browser: Client, world: Wor
         parsed.feed(page.text)
         for tag, ident, named in parsed.fields:
             assert named or ident in parsed.labelled, f"{path}: a {tag} ({ident}) with no label"
+
+
+async def test_a_session_of_the_env_token_ends_when_its_value_changes_or_is_removed(
+    settings: ControlPlaneSettings, clock: ManualClock, clean_database: Database
+) -> None:
+    def replica(**changed: object) -> Litestar:
+        moved = dataclasses.replace(settings, **changed)  # type: ignore[arg-type]
+        return create_app(moved, clock=clock, database=clean_database)
+
+    async def opened_then_seen_by(other: Litestar) -> int:
+        """Signs in with the env token on one control plane and shows the session's cookie
+        to `other`, which shares its database: the status of the overview there."""
+        async with serve_in_loop(replica(), "http://controlplane.test") as first:
+            await sign_in(first, ADMIN_TOKEN)
+            cookie = first.cookies["vkgate_console"]
+        async with serve_in_loop(other, "http://controlplane.test") as second:
+            seen = await second.get("/console/", headers={"Cookie": f"vkgate_console={cookie}"})
+            if seen.status_code == 200:  # and the session lives on, not just this once
+                again = await second.get(
+                    "/console/", headers={"Cookie": f"vkgate_console={cookie}"}
+                )
+                assert again.status_code == 200
+            return seen.status_code
+
+    other_token = "another-admin-token-0123456789abcdef0123"
+    assert await opened_then_seen_by(replica()) == 200
+    assert await opened_then_seen_by(replica(admin_token=other_token)) == 303
+    assert await opened_then_seen_by(replica(admin_token=None)) == 303
+    # A new key pepper with the old one kept as previous (a rotation) changes no token.
+    rotated = replica(
+        key_pepper="a-new-key-pepper-0123456789abcdef012345",
+        key_peppers_previous=(settings.key_pepper,),
+    )
+    assert await opened_then_seen_by(rotated) == 200
+
+    # An ended session is gone: the first value coming back does not bring it back.
+    async with serve_in_loop(replica(), "http://controlplane.test") as first:
+        await sign_in(first, ADMIN_TOKEN)
+        cookie = first.cookies["vkgate_console"]
+    for token_value, status in ((other_token, 303), (ADMIN_TOKEN, 303)):
+        async with serve_in_loop(replica(admin_token=token_value), "http://t.test") as later:
+            seen = await later.get("/console/", headers={"Cookie": f"vkgate_console={cookie}"})
+            assert seen.status_code == status

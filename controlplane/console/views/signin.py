@@ -28,11 +28,15 @@ REFUSED = "Sign-in failed."
 """Said of every refused token alike: which tokens exist is not for a stranger to learn."""
 
 
+ENDED = "Your session ended: it sat idle too long, was signed out, or its token was revoked or changed. Sign in again."
+
+
 def _form(request: Request[Any, Any, Any], status: int = 200, error: str | None = None) -> Template:
     value, cookie = signin_cookie(is_tls(request))
+    notice = ENDED if error is None and request.query_params.get("ended") == "1" else None
     return Template(
         template_name="signin.html",
-        context={"prefix": PREFIX, "signin_token": value, "error": error},
+        context={"prefix": PREFIX, "signin_token": value, "error": error, "notice": notice},
         status_code=status,
         cookies=[cookie],
         headers={"Cache-Control": "no-store"},

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import date, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,7 +18,7 @@ from controlplane.errors import invalid
 from controlplane.ledger.queries import GROUPS, Period
 from controlplane.models import Organization
 from controlplane.spend import reports
-from vkgate.money import nanos_to_usd, usd_to_nanos
+from vkgate.money import nanos_to_usd
 
 DIMENSIONS = [g for g in GROUPS if g != "route"] + ["route"]
 SERIES = 9
@@ -27,6 +26,21 @@ SERIES = 9
 DEFAULT_GROUPS = ["model"]
 TABLE_ROWS = 200
 """Rows of the table a page shows (the CSV has them all; the totals count them all)."""
+TABLE_MEASURES = (
+    "requests",
+    "refused",
+    "failed",
+    "unpriced",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cost_nano_usd",
+    "cache_hits",
+    "saved_nano_usd",
+)
+"""What the table shows: the ledger reads only these (the CSV, the report's every measure)."""
+MONEY = {"cost_nano_usd": "cost_usd", "saved_nano_usd": "saved_usd"}
+"""The measures in nano-USD, and the fields the table shows them as, as the report does."""
 
 
 def _offset(text: str | None, count: int) -> int:
@@ -37,31 +51,35 @@ def _offset(text: str | None, count: int) -> int:
     return int(text)
 
 
+def _ordered(group: tuple[Any, ...]) -> tuple[tuple[bool, Any], ...]:
+    # The report's own order: its fields ascending, nulls last, as ClickHouse sorts.
+    return tuple((v is None, v or "") for v in group)
+
+
 def _without_day(rows: list[dict[str, Any]], fields: list[str]) -> list[dict[str, Any]]:
     """The report by `fields` from the report by day and `fields`: the same integer sums, in
-    the report's own order (its fields ascending, nulls last, as ClickHouse sorts)."""
+    the report's own order."""
     summed: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         group = tuple(row[f] for f in fields)
         into = summed.get(group)
         if into is None:
-            into = summed[group] = {f: row[f] for f in fields}
-            for measure in reports.MEASURE_FIELDS:
-                into[measure] = 0
-        for measure in reports.MEASURE_FIELDS:
-            if measure in reports.MONEY_FIELDS:
-                into[measure] += usd_to_nanos(row[measure])
-            elif measure == "audio_seconds":
-                into[measure] += Decimal(row[measure])
-            else:
-                into[measure] += row[measure]
-    for into in summed.values():
-        for money in reports.MONEY_FIELDS:
-            into[money] = nanos_to_usd(into[money])
-        into["audio_seconds"] = reports.seconds_text(into["audio_seconds"])
-    return [
-        summed[k] for k in sorted(summed, key=lambda key: tuple((v is None, v or "") for v in key))
-    ]
+            summed[group] = {**row}
+            continue
+        for measure in TABLE_MEASURES:
+            into[measure] += row[measure]
+    return [summed[k] for k in sorted(summed, key=_ordered)]
+
+
+def _shown(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """A row as the table shows it: its counts, and its money in USD as the report says it."""
+    out = {f: row[f] for f in fields}
+    for measure in TABLE_MEASURES:
+        if measure in MONEY:
+            out[MONEY[measure]] = nanos_to_usd(int(row[measure]))
+        else:
+            out[measure] = int(row[measure])
+    return out
 
 
 async def _query(view: Page, request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -110,9 +128,7 @@ def _chart(
     field = GROUPS[group][0] if group else None
     by_series: dict[str, int] = defaultdict(int)
     for r in rows:
-        by_series[str(r.get(field) or "(none)") if field else "spend"] += usd_to_nanos(
-            r["cost_usd"]
-        )
+        by_series[str(r.get(field) or "(none)") if field else "spend"] += r["cost_nano_usd"]
     ranked = sorted(by_series, key=lambda k: (-by_series[k], k))
     named = ranked[:SERIES]
     legend = [*named, "other"] if len(ranked) > SERIES else named
@@ -132,7 +148,7 @@ def _chart(
         name = str(r.get(field) or "(none)") if field else "spend"
         series = index.get(name, SERIES)
         if r["day"] in stacks:
-            stacks[r["day"]][series] += usd_to_nanos(r["cost_usd"])
+            stacks[r["day"]][series] += r["cost_nano_usd"]
     drawn = [
         [
             _charts.Segment(
@@ -155,7 +171,7 @@ async def spend(request: Request[Any, Any, Any]) -> Template:
     context: dict[str, Any] = {
         "q": q,
         "dimensions": DIMENSIONS,
-        "report": None,
+        "totals": None,
         "chart": None,
         "legend": [],
         "api_query": "",
@@ -163,18 +179,20 @@ async def spend(request: Request[Any, Any, Any]) -> Template:
     if q["organization_id"] is not None:
         period = reports.parse_period(q["organization_id"], q["from"], q["to"])
         groups = q["group_by"]
-        # One read of the ledger: by day as well, for the chart; the table adds the days up.
-        by_day = await reports.report(
-            view.vk.ledger, period, groups if "day" in groups else ["day", *groups]
+        # One read of the ledger, by day as well (for the chart), of the measures the table
+        # shows: the table adds the days up and formats only the rows it shows.
+        by_day = await view.vk.ledger.report(
+            period, groups if "day" in groups else ["day", *groups], TABLE_MEASURES
         )
         fields = [GROUPS[g][0] for g in groups]
-        rows = by_day.rows if "day" in groups else _without_day(by_day.rows, fields)
+        rows = by_day if "day" in groups else _without_day(by_day, fields)
         stack_by = next((g for g in groups if g != "day"), None)
-        chart, legend = _chart(by_day.rows, stack_by, period, view.vk.clock.now())
+        chart, legend = _chart(by_day, stack_by, period, view.vk.clock.now())
         offset = _offset(request.query_params.get("offset"), len(rows))
+        totals = {m: sum(int(r[m]) for r in rows) for m in TABLE_MEASURES}
         context.update(
-            report=by_day,
-            rows=rows[offset : offset + TABLE_ROWS],
+            totals=_shown(totals, []),
+            rows=[_shown(r, fields) for r in rows[offset : offset + TABLE_ROWS]],
             row_count=len(rows),
             offset=offset,
             table_rows=TABLE_ROWS,
