@@ -136,6 +136,32 @@ def _without_denied(routes: Routes, rules: RuleSet) -> tuple[Routes, dict[str, s
     return dataclasses.replace(routes, chains=chains, models_body=_models_body(chains)), denied
 
 
+_sorted_json = msgspec.json.Encoder(order="sorted")
+
+
+def cache_variants(
+    bundle: ConfigBundle, chains: Mapping[str, tuple[Upstream, ...]]
+) -> dict[str, bytes]:
+    """What decides a cached answer besides its scope and body, by alias: the alias's chain
+    (two policies may send one alias to different models) and the checks a request passes
+    before it is answered (policy rules and request-stage guardrails refuse or rewrite it). A
+    hit skips those checks, so keys of one scope that differ in them must not share entries."""
+    checks = hashlib.blake2b(digest_size=16)
+    checks.update(_sorted_json.encode(bundle.rules))
+    for spec in sorted(bundle.guardrails, key=lambda g: g.id):
+        if spec.stage != "response":
+            checks.update(
+                _sorted_json.encode((spec.id, spec.kind, spec.action, spec.on_error, spec.config))
+            )
+    variants: dict[str, bytes] = {}
+    for alias, chain in chains.items():
+        digest = checks.copy()
+        for upstream in chain:
+            digest.update(f"{upstream.provider_id}\x00{upstream.model}\x00".encode())
+        variants[alias] = digest.hexdigest().encode()
+    return variants
+
+
 def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
     """The key's runtime: its own facts from `bundle`, its routes as compiled (and shared)."""
     rules = rules_of(bundle.rules)
@@ -161,7 +187,11 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         rules=rules if rules is not None and rules.reads_requests else None,
         guardrails=guardrails_of(bundle.guardrails) if bundle.guardrails else None,
         denied=denied,
-        cache_scopes=compile_rules(bundle.cache_rules, routes.chains),
+        cache_scopes=compile_rules(
+            bundle.cache_rules, routes.chains, cache_variants(bundle, routes.chains)
+        )
+        if bundle.cache_rules
+        else {},
     )
 
 

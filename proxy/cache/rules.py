@@ -24,9 +24,13 @@ class CacheScope:
 
 
 def compile_rules(
-    rules: Iterable[CacheRuleState], aliases: Iterable[str]
+    rules: Iterable[CacheRuleState],
+    aliases: Iterable[str],
+    variants: Mapping[str, bytes] | None = None,
 ) -> Mapping[str, CacheScope]:
-    """Each alias of the key that a rule covers, with the narrowest such rule's scope."""
+    """Each alias of the key that a rule covers, with the narrowest such rule's scope.
+    `variants` (by alias) joins the namespace: what else decides an answer for this key, so
+    keys of one scope that differ in it never share an entry."""
     ordered = sorted(rules, key=lambda r: (_SPECIFICITY.get(r.scope_kind, 9), r.rule_id))
     if not ordered:
         return {}
@@ -36,8 +40,9 @@ def compile_rules(
             if rule.scope_kind not in _SPECIFICITY:
                 continue  # a scope kind newer than this proxy: never guessed at
             if any(fnmatchcase(alias, glob) for glob in rule.models):
-                scopes[alias] = CacheScope(
-                    f"{rule.scope_kind}:{rule.scope_id}".encode(), rule.ttl_seconds, rule.rule_id
-                )
+                namespace = f"{rule.scope_kind}:{rule.scope_id}".encode()
+                if variants is not None and alias in variants:
+                    namespace += b"/" + variants[alias]
+                scopes[alias] = CacheScope(namespace, rule.ttl_seconds, rule.rule_id)
                 break
     return scopes

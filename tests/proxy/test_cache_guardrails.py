@@ -208,3 +208,24 @@ async def test_a_hit_skips_the_request_guardrails_and_says_so(cached: Guarded) -
     first, second = await cached.outcomes()
     assert only(first) == {"request:pii": "redacted", "response:pii": "passed"}
     assert only(second) == {"request:pii": "skipped", "response:pii": "passed"}
+
+
+async def test_a_key_whose_request_guardrails_differ_is_never_answered_from_anothers_entry(
+    cached: Guarded,
+) -> None:
+    prompt = f"mail {EMAIL}"
+    async with cached.openai(await cached.key()) as sdk:
+        header, _ = await plain(sdk, prompt)
+    assert header == "miss"
+    # Same organization, same rule, same body: a hit would skip the guardrail that refuses it.
+    key = await cached.key({"kind": "pii", "stage": "request", "action": "block"})
+    async with cached.openai(key) as sdk:
+        with pytest.raises(openai.BadRequestError) as refusal:
+            await plain(sdk, prompt)
+    error = refusal.value.response.json()["error"]
+    assert (error["code"], error["stage"]) == ("guardrail_blocked", "request")
+    # A key with the same checks as the first shares its entry.
+    async with cached.openai(await cached.key()) as sdk:
+        header, _ = await plain(sdk, prompt)
+    assert header == "hit"
+    assert provider_calls(cached) == 1

@@ -14,7 +14,17 @@ from proxy.providers.mock import MockProvider
 from proxy.runtime import KeyRuntime, RouteCache
 from tests.support.clock import ManualClock
 from vkgate.clock import unix_seconds
-from vkgate.wire import BudgetState, ChainTarget, ConfigBundle, Limits, Price
+from vkgate.wire import (
+    BudgetState,
+    CacheRuleState,
+    ChainTarget,
+    ConfigBundle,
+    GuardrailSpec,
+    Limits,
+    OutputCap,
+    PolicyRule,
+    Price,
+)
 
 
 def target(provider: str, model: str, kind: str = "mock") -> ChainTarget:
@@ -261,3 +271,31 @@ def test_the_route_cache_is_bounded_and_keys_keep_what_it_let_go(
     again = routes.compile(bundle({"fast": [target("first", "mock-0")]}))
     assert again.chains is not kept[0].chains
     assert again.chains == kept[0].chains
+
+
+def test_keys_of_one_cache_scope_share_entries_only_where_their_routes_and_checks_agree(
+    providers: dict[str, MockProvider],
+) -> None:
+    rule = CacheRuleState("cr-1", "organization", "org-1", ["*"], 60)
+
+    def namespaces(source: ConfigBundle) -> dict[str, bytes]:
+        runtime = compile_bundle(msgspec.structs.replace(source, cache_rules=[rule]), providers)
+        return {alias: scope.namespace for alias, scope in runtime.cache_scopes.items()}
+
+    plain = namespaces(bundle(ALIASES))
+    assert set(plain) == set(ALIASES)
+    assert all(ns.startswith(b"organization:org-1/") for ns in plain.values())
+    assert namespaces(msgspec.structs.replace(bundle(ALIASES), vk_id="vk-2")) == plain
+    rerouted = namespaces(bundle({**ALIASES, "smart": [target("second", "mock-large")]}))
+    assert rerouted["smart"] != plain["smart"]
+    assert rerouted["fast"] == plain["fast"]
+    guardrail = GuardrailSpec("gr-1", "pii", "request", "pii", {}, "block")
+    checked = namespaces(msgspec.structs.replace(bundle(ALIASES), guardrails=[guardrail]))
+    assert all(checked[alias] != plain[alias] for alias in ALIASES)
+    answers_only = msgspec.structs.replace(guardrail, stage="response")
+    assert namespaces(msgspec.structs.replace(bundle(ALIASES), guardrails=[answers_only])) == plain
+    capped = PolicyRule("cap", "max_output_tokens", OutputCap(100, "cap"))
+    assert (
+        namespaces(msgspec.structs.replace(bundle(ALIASES), rules=[capped]))["fast"]
+        != plain["fast"]
+    )
