@@ -119,7 +119,7 @@ def webhook_url_problem(url: str) -> str | None:
         parts = urlsplit(url)
         host = parts.hostname
     except ValueError:
-        return f"url {url!r} is not a URL"
+        return "url is not a URL"
     if parts.scheme not in ("https", "http") or not host:
         return "url must be an https:// URL"
     if parts.username or parts.password:

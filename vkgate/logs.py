@@ -55,6 +55,10 @@ FIELDS: frozenset[str] = frozenset(
         "cause",
         "causes",
         "provider_id",
+        # guardrails: names from configuration, never what they matched
+        "guardrail",
+        "stage",
+        "on_error",
         # spool and ledger
         "segment",
         "records",

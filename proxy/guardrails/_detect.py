@@ -1,6 +1,6 @@
 """Finding personal data, credentials and an admin's own patterns in text.
 
-A regular expression tried at every position of a 4 KB prompt costs tens of microseconds; so
+A regular expression tried at every position of a long prompt is costly on the hot path; so
 the built-in kinds first look the text over in C (an `@`, a run of digits, a credential's
 first letters, found by `str.find`) and run their patterns only near what they saw. Candidates
 a pattern alone cannot tell (card numbers, IBANs, IP addresses) are checked (Luhn, ISO 7064

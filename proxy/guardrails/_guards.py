@@ -385,4 +385,6 @@ def warnings(verdicts: Verdicts) -> tuple[tuple[bytes, bytes], ...]:
     )
     if not names:
         return ()
-    return ((b"x-vkgate-guardrail-warning", ", ".join(names).encode("utf-8", "replace")),)
+    # A name is configuration, but a header must not carry a line break or other control.
+    value = "".join(c for c in ", ".join(names) if c.isprintable())
+    return ((b"x-vkgate-guardrail-warning", value.encode("utf-8", "replace")),)

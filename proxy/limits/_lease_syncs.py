@@ -38,7 +38,8 @@ USABLE = 0.75
 lapses it only later, even with the replicas' clocks a little apart."""
 BATCH = 64
 """Syncs sent in one `LeaseStore.run` at most (a tick's many slices go in several): Redis runs
-nothing else while a script runs, and 512 budget syncs in one took it 20 ms."""
+nothing else while a script runs, and a call of hundreds of syncs held it up long enough to
+show in other replicas' waits (bench/README.md)."""
 BATCHES_AT_ONCE = 16
 """Runs of one replica in flight at once; more wait their turn. Each holds a connection (one
 per node on Cluster); the Redis client's pool refuses a call beyond its 100 connections, and
