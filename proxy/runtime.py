@@ -179,7 +179,12 @@ def runtime_of(bundle: ConfigBundle, routes: Routes) -> KeyRuntime:
         chains=routes.chains,
         not_allowed=routes.not_allowed,
         models_body=routes.models_body,
-        provider_ids=routes.provider_ids,
+        # A moderation guardrail's credential too: its changes must reach the key as well.
+        provider_ids=routes.provider_ids.union(
+            g.target.provider_id for g in bundle.guardrails if g.target is not None
+        )
+        if bundle.guardrails
+        else routes.provider_ids,
         limits=bundle.limits,
         budgets=tuple(bundle.budgets),
         rate_plan=plan_of(bundle.vk_id, bundle.team_id, bundle.limits, bundle.team_limits),

@@ -180,3 +180,24 @@ async def test_a_name_is_unique_in_its_organization(
     await create(client, GUARDRAILS, guardrail(world))
     again = await client.post(GUARDRAILS, json=guardrail(world), headers=ADMIN)
     error_of(again, 409, "conflict", "name")
+
+
+async def test_a_provider_a_moderation_guardrail_names_cannot_be_deleted_under_it(
+    client: httpx.AsyncClient, world: World
+) -> None:
+    moderator = await create(
+        client,
+        "/api/admin/providers",
+        {"organization_id": world.org, "name": "moderator", "kind": "openai", "api_key": "sk-m"},
+    )
+    made = await create(
+        client,
+        GUARDRAILS,
+        guardrail(world, name="mod", kind="moderation", config={"provider_id": moderator["id"]}),
+    )
+    refused = await client.delete(f"/api/admin/providers/{moderator['id']}", headers=ADMIN)
+    assert "moderates for 1 guardrail" in error_of(refused, 409, "conflict")["message"]
+    gone = await client.delete(f"{GUARDRAILS}/{made['id']}", headers=ADMIN)
+    assert gone.status_code == 204, gone.text
+    deleted = await client.delete(f"/api/admin/providers/{moderator['id']}", headers=ADMIN)
+    assert deleted.status_code == 204, deleted.text

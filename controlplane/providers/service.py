@@ -10,7 +10,7 @@ import msgspec
 from sqlalchemy import func, select
 
 from controlplane.errors import conflict, invalid
-from controlplane.models import Budget, Organization, Provider, RoutingTarget
+from controlplane.models import Budget, Guardrail, Organization, Provider, RoutingTarget
 from controlplane.providers import cloud
 from controlplane.providers.schemas import (
     PriceOverride,
@@ -262,6 +262,15 @@ async def delete(tx: Tx, provider_id: str) -> None:
     )
     if budgets:
         raise conflict(f"provider {provider_id!r} is the filter of {budgets} budget(s)")
+    moderations = await tx.session.scalars(
+        select(Guardrail.config).where(
+            Guardrail.organization_id == row.organization_id, Guardrail.kind == "moderation"
+        )
+    )
+    checking = sum(1 for config in moderations if config.get("provider_id") == provider_id)
+    if checking:
+        # Deleting it would leave those guardrails failing on every request.
+        raise conflict(f"provider {provider_id!r} moderates for {checking} guardrail(s)")
     await _record(tx, row, "provider.delete", {"name": row.name})
     await tx.session.delete(row)
 

@@ -299,3 +299,14 @@ def test_keys_of_one_cache_scope_share_entries_only_where_their_routes_and_check
         namespaces(msgspec.structs.replace(bundle(ALIASES), rules=[capped]))["fast"]
         != plain["fast"]
     )
+
+
+def test_a_moderation_guardrails_provider_is_among_the_keys_providers(
+    providers: dict[str, MockProvider],
+) -> None:
+    moderator = target("moderator", "omni-moderation-latest", kind="openai")
+    guardrail = GuardrailSpec("gr-1", "mod", "both", "moderation", {}, "block", target=moderator)
+    runtime = compile_bundle(
+        msgspec.structs.replace(bundle(ALIASES), guardrails=[guardrail]), providers
+    )
+    assert runtime.provider_ids == {"prov-first", "prov-second", "prov-moderator"}
