@@ -607,7 +607,7 @@ class Dispatcher:
                 chunk = await anext(rest, None)
             tail = pending + pipe.finish()
             if guard is not None:
-                tail = pending + await guard.feed(tail[len(pending) :]) + await guard.finish()
+                tail = pending + await guard.close(tail[len(pending) :])
             if pipe.errored:
                 # The provider said so in its stream (an error event, or an early end).
                 outcome.broke = True

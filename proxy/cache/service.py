@@ -166,7 +166,7 @@ class CachedRequest:
         if screen is not None:
             if self.stream:
                 guard = screen.stream()
-                body = await guard.feed(body) + await guard.finish()
+                body = await guard.close(body)
             else:
                 body = await screen.plain(body)
         age = max(0, int(self._cache.wall() - hit.stored_at))

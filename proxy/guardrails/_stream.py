@@ -131,6 +131,16 @@ class StreamScreen:
             raise
         return b"".join(out)
 
+    async def close(self, data: bytes) -> bytes:
+        """The stream's last bytes fed and all that is held released. A block at the end keeps
+        in `released` what had passed, as `feed` does."""
+        out = await self.feed(data)
+        try:
+            return out + await self.finish()
+        except GuardrailBlocked:
+            self.released = out
+            raise
+
     async def finish(self) -> bytes:
         if self._buffer:
             await self._take(self._buffer)

@@ -197,6 +197,21 @@ def test_a_block_leaves_what_was_sent_before_it_clean() -> None:
     assert sent and "jane" not in sent and set(sent.split()) == {"safe", "words"}
 
 
+def test_a_block_at_the_streams_end_keeps_what_passed_in_its_last_bytes() -> None:
+    pieces = ["safe words " * 3] * 20 + ["now jane.doe@example.com"]
+    screen = _screen("block", 64)
+
+    async def run() -> bytes:
+        # The whole answer arrives as the stream's last bytes: its clean part is released by
+        # the feed, the email only when all that is held must go.
+        return await screen.close(_chat_events(pieces))
+
+    with pytest.raises(GuardrailBlocked):
+        asyncio.run(run())
+    sent = _streamed_text(screen.released)
+    assert sent and "jane" not in sent and set(sent.split()) == {"safe", "words"}
+
+
 def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept() -> None:
     from proxy.guardrails._guards import Guard, local_findings
 
