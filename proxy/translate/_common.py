@@ -67,6 +67,17 @@ def refused(param: str, target: str, why: str = "") -> ProxyError:
     return invalid(f"`{param}` cannot be translated to {target}{why}", param=param)
 
 
+def join_turn(
+    turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]], key: str = "content"
+) -> None:
+    """Anthropic's, Converse's and Gemini's roles alternate: blocks of the same role as the last
+    turn join it (under `key`, Gemini's `parts`), else they make a turn of their own."""
+    if turns and turns[-1]["role"] == role:
+        turns[-1][key].extend(blocks)
+    else:
+        turns.append({"role": role, key: blocks})
+
+
 def _join(path: str, field: str) -> str:
     return f"{path}.{field}" if path else field
 

@@ -38,6 +38,7 @@ from proxy.translate._answers import (
 )
 from proxy.translate._common import (
     data_url,
+    join_turn,
     openai_error_type,
     refused,
     request_fields,
@@ -182,25 +183,17 @@ def _conversation(messages: list[Message]) -> tuple[list[dict[str, Any]], list[d
             system.extend(_texts(message.content))
         elif isinstance(message, UserMessage):
             _no_name(message.name, at)
-            _append(turns, "user", _user_content(message, at))
+            join_turn(turns, "user", _user_content(message, at))
         elif isinstance(message, AssistantMessage):
-            _append(turns, "assistant", _assistant_content(message, at))
+            join_turn(turns, "assistant", _assistant_content(message, at))
         else:
-            _append(turns, "user", [_tool_result(message)])
+            join_turn(turns, "user", [_tool_result(message)])
     return system, turns
 
 
 def _no_name(name: str | None, at: str) -> None:
     if name is not None:
         raise refused(f"{at}.name", BEDROCK, ": it has no participant names")
-
-
-def _append(turns: list[dict[str, Any]], role: str, content: list[dict[str, Any]]) -> None:
-    """Converse's roles alternate: a turn of the same role as the last is merged into it."""
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(content)
-    else:
-        turns.append({"role": role, "content": content})
 
 
 def _texts(content: str | list[TextPart]) -> list[dict[str, Any]]:

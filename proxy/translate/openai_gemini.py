@@ -38,7 +38,7 @@ import msgspec
 from proxy.errors import invalid
 from proxy.translate import _gemini
 from proxy.translate._answers import OpenAIChunks, openai_completion, openai_error
-from proxy.translate._common import data_url, openai_error_type, refused, request_fields
+from proxy.translate._common import data_url, join_turn, openai_error_type, refused, request_fields
 from proxy.translate._gemini import GEMINI, signature_of
 from proxy.translate._openai_request import (
     AssistantMessage,
@@ -181,10 +181,7 @@ def _no_name(name: str | None, at: str) -> None:
 
 
 def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
-    if contents and contents[-1]["role"] == role:
-        contents[-1]["parts"].extend(parts)
-    else:
-        contents.append({"role": role, "parts": parts})
+    join_turn(contents, role, parts, key="parts")
 
 
 def _texts(content: str | list[TextPart]) -> list[dict[str, Any]]:

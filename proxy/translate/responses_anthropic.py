@@ -34,6 +34,7 @@ from proxy.sse import Event, EventReader
 from proxy.translate._common import (
     ANTHROPIC,
     anthropic_image,
+    join_turn,
     provider_error,
     refused,
 )
@@ -190,9 +191,9 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
             if item.role in ("system", "developer"):
                 system.extend(_text_blocks(item, at))
             elif item.role == "user":
-                _append(turns, "user", _user_blocks(item, at))
+                join_turn(turns, "user", _user_blocks(item, at))
             else:
-                _append(turns, "assistant", _text_blocks(item, at))
+                join_turn(turns, "assistant", _text_blocks(item, at))
         elif isinstance(item, FunctionCall):
             block = {
                 "type": "tool_use",
@@ -200,7 +201,7 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
                 "name": item.name,
                 "input": _arguments(item.arguments, f"{at}.arguments"),
             }
-            _append(turns, "assistant", [block])
+            join_turn(turns, "assistant", [block])
         elif isinstance(item, FunctionCallOutput):
             result = {
                 "type": "tool_result",
@@ -209,18 +210,10 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
                 if isinstance(item.output, str)
                 else _parts(item.output, f"{at}.output"),
             }
-            _append(turns, "user", [result])
+            join_turn(turns, "user", [result])
         elif isinstance(item, Reasoning):
-            _append(turns, "assistant", [_thinking(item, at)])
+            join_turn(turns, "assistant", [_thinking(item, at)])
     return system, turns
-
-
-def _append(turns: list[dict[str, Any]], role: str, blocks: Blocks) -> None:
-    """Anthropic's roles alternate: blocks of the same role as the last turn join it."""
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(blocks)
-    else:
-        turns.append({"role": role, "content": blocks})
 
 
 def _text(text: str) -> Blocks:

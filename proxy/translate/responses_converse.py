@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from proxy.errors import invalid
-from proxy.translate._common import refused
+from proxy.translate._common import join_turn, refused
 from proxy.translate._converse import BEDROCK
 from proxy.translate._responses_answer import REDACTED, encode
 from proxy.translate._responses_request import (
@@ -178,12 +178,8 @@ def _conversation(parsed: Parsed) -> tuple[Blocks, list[dict[str, Any]]]:
 def _append(turns: list[dict[str, Any]], role: str, blocks: Blocks) -> None:
     """Converse's roles alternate: blocks of the same role as the last turn join it. A message
     with nothing to say (empty text) makes no turn: Converse refuses an empty one."""
-    if not blocks:
-        return
-    if turns and turns[-1]["role"] == role:
-        turns[-1]["content"].extend(blocks)
-    else:
-        turns.append({"role": role, "content": blocks})
+    if blocks:
+        join_turn(turns, role, blocks)
 
 
 def _text(text: str) -> Blocks:

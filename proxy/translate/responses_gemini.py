@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from proxy.errors import invalid
-from proxy.translate._common import data_url, refused
+from proxy.translate._common import data_url, join_turn, refused
 from proxy.translate._gemini import GEMINI
 from proxy.translate._responses_answer import encode
 from proxy.translate._responses_request import (
@@ -169,12 +169,8 @@ def _conversation(parsed: Parsed) -> tuple[Parts, list[dict[str, Any]]]:
 def _append(contents: list[dict[str, Any]], role: str, parts: Parts) -> None:
     """Turns of one role are merged; a message with nothing to say (empty text) makes no turn:
     Gemini refuses one without parts."""
-    if not parts:
-        return
-    if contents and contents[-1]["role"] == role:
-        contents[-1]["parts"].extend(parts)
-    else:
-        contents.append({"role": role, "parts": parts})
+    if parts:
+        join_turn(contents, role, parts, key="parts")
 
 
 def _text(text: str) -> Parts:
