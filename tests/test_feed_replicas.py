@@ -11,6 +11,8 @@ from litestar import Litestar
 
 from controlplane.app import create_app
 from controlplane.db import Database, is_sqlite
+from controlplane.feed.listener import PostgresFeedListener
+from controlplane.feed.service import FeedNotifier
 from controlplane.settings import ControlPlaneSettings
 from tests.conftest import Internal, serve_in_loop
 from tests.support.api import ADMIN
@@ -87,3 +89,18 @@ async def test_more_waiting_polls_than_pooled_connections_do_not_block_writes(
     assert {a.status_code for a in answers} == {200}
     assert all(a.json()["events"][0]["entity_id"] == provider_id for a in answers)
     assert "vkgate_controlplane_feed_waiting_polls 0.0" in metrics
+
+
+async def test_a_listener_started_twice_is_refused_and_stop_leaves_no_task_behind(
+    settings: ControlPlaneSettings,
+) -> None:
+    if is_sqlite(settings.database_url):
+        pytest.skip("the listener is PostgreSQL's")
+    listener = PostgresFeedListener(settings.database_url, FeedNotifier())
+    await listener.start()
+    try:
+        with pytest.raises(RuntimeError, match="already started"):
+            await listener.start()
+    finally:
+        await listener.stop()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "feed-listener"]

@@ -34,6 +34,10 @@ class PostgresFeedListener:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            # A second start would leave the first connection listening, and reconnecting,
+            # after `stop`.
+            raise RuntimeError("the feed listener is already started")
         self._task = asyncio.create_task(self._run(), name="feed-listener")
 
     async def stop(self) -> None:

@@ -114,8 +114,9 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     page.get_by_label("Kind", exact=True).select_option("openai")
     page.get_by_label("API key").fill("sk-never-shown-0000")
     page.get_by_role("button", name="Create provider").click()
-    assert "sk-never-shown" not in page.content()
+    # The row is read first: it waits for the new page, whose whole text is then checked.
     assert "set" in page.locator("tbody tr", has_text="vendor").inner_text()
+    assert "sk-never-shown" not in page.content()
     page.get_by_role("link", name="vendor", exact=True).click()
     page.get_by_role("heading", name=heading("Provider vendor")).wait_for()
     assert "sk-never-shown" not in page.content()
@@ -235,7 +236,8 @@ def test_a_platform_engineers_day(page: Any, stack: Stack) -> None:
     assert page.locator("h1").count() == 1  # a fragment, not a page inside the page
 
     page.get_by_role("link", name="Audit log", exact=True).click()
-    assert "virtual_key.revoke" in page.content()
+    # Waits for the audit page itself: read mid-navigation, the document is still empty.
+    page.locator("tbody tr", has_text="virtual_key.revoke").first.wait_for()
     page.get_by_label("Resource kind", exact=True).select_option("virtual_key")
     page.get_by_role("button", name="Filter").click()
     assert "organization.create" not in page.locator("tbody").inner_text()
@@ -332,6 +334,7 @@ def test_an_organization_bound_token_cannot_reach_another_organization(
         )
     sign_in(page, stack, made.json()["token"])
     page.get_by_role("link", name="Providers", exact=True).click()
+    page.get_by_role("heading", name=heading("Providers")).wait_for()
     assert "theirs" not in page.content()
     shot(page, "bound-providers")
     for path in (f"/providers/{secret}", f"/spend?organization_id={other}"):

@@ -36,9 +36,12 @@ def app(settings: ControlPlaneSettings, clock: ManualClock, clean_database: Data
 
 
 @pytest.fixture
-async def browser(app: Litestar) -> AsyncIterator[Client]:
-    """A second client with a cookie jar of its own: the console's user."""
-    async with serve_in_loop(app, "http://controlplane.test") as http:
+async def browser(app: Litestar, client: Client) -> AsyncIterator[Client]:
+    """A second client with a cookie jar of its own: the console's user. The app runs once,
+    under `client`'s lifespan; a second lifespan would start a second feed listener."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://controlplane.test"
+    ) as http:
         yield http
 
 
