@@ -8,7 +8,10 @@ connection, dumps, and divides the instructions by the requests. Keys:
 
 - `governed`: rate limits and a budget (the run.sh key), no cache rule;
 - `cached`: governed alike, with a cache rule scoped to it: every measured request is a hit;
-- `plain`: no limits, no budget, no cache rule.
+- `plain`: no limits, no budget, no cache rule;
+- `4k` and `4k-guarded`: two governed keys alike but for three guardrails (regex, pii and
+  secrets, both stages; `proxy_overhead.seed_guarded`), sent a 4 KB prompt (run.sh's
+  `vkgate-wN-4k` rows), for what guardrails cost a request.
 
 With `--before DIR` (a directory holding another build's `proxy/` package, e.g. from
 `git archive <commit> proxy | tar -x -C DIR`), proxies of that build and of this checkout are
@@ -17,6 +20,7 @@ ids move the counts by up to 2 %, a build's change by less.
 
     .venv/bin/python bench/request_instructions.py                  # governed, cached, plain
     .venv/bin/python bench/request_instructions.py --keys governed,plain --before /tmp/base
+    .venv/bin/python bench/request_instructions.py --keys 4k,4k-guarded
 
 Needs nginx and valgrind (`apt-get install nginx-light valgrind`).
 """
@@ -48,10 +52,21 @@ BODY = json.dumps(
         "max_tokens": 64,
     }
 ).encode()
+PROMPT_BYTES = 4096
+BODY_4K = json.dumps(
+    {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "user", "content": ("lorem ipsum " * (PROMPT_BYTES // 12 + 1))[:PROMPT_BYTES]}
+        ],
+        "max_tokens": 64,
+    }
+).encode()
+"""The body of the `4k` keys: prompt.lua's (bench/run.sh's rows with a 4 KB prompt)."""
 _TOTALS = re.compile(r"^totals: (\d+)", re.MULTILINE)
 
 
-def send(url: str, key: str, n: int) -> int:
+def send(url: str, key: str, n: int, body: bytes = BODY) -> int:
     """`n` sequential chat requests on one kept-alive connection; the cache hits among them."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=120)
@@ -59,7 +74,7 @@ def send(url: str, key: str, n: int) -> int:
     hits = 0
     try:
         for _ in range(n):
-            connection.request("POST", "/v1/chat/completions", BODY, headers)
+            connection.request("POST", "/v1/chat/completions", body, headers)
             response = connection.getresponse()
             response.read()
             if response.status != 200:
@@ -80,6 +95,20 @@ def instructions(out_dir: Path, pid: int, before: set[Path]) -> int:
     for dump in sorted(set(out_dir.glob(f"callgrind.out.{pid}*")) - before):
         total += sum(int(n) for n in _TOTALS.findall(dump.read_text(errors="replace")))
     return total
+
+
+def annotate(out_dir: Path, pid: int, before: set[Path], top: int, title: str) -> None:
+    """The `top` functions by their own instructions in the dumps made since `before`."""
+    for dump in sorted(set(out_dir.glob(f"callgrind.out.{pid}*")) - before):
+        shown = subprocess.run(
+            ["callgrind_annotate", "--inclusive=no", "--threshold=99", str(dump)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        lines = [line for line in shown.splitlines() if re.match(r"^\s*[\d,]+ \(", line)]
+        print(f"-- {title}: {dump.name}")
+        print("\n".join(lines[:top]))
 
 
 def measure(
@@ -118,13 +147,16 @@ def measure(
     with stack.started(command, env, log) as process:
         stack.wait_ok(f"{url}/healthz", process, timeout=300)
         for name, key in keys.items():
-            send(url, key, args.warmup)
+            body = BODY_4K if name.startswith("4k") else BODY
+            send(url, key, args.warmup, body)
             before = set(out_dir.glob("callgrind.out.*"))
             callgrind(process.pid, "-i", "on")
-            hits = send(url, key, args.requests)
+            hits = send(url, key, args.requests, body)
             callgrind(process.pid, "-d")
             callgrind(process.pid, "-i", "off")
             total = instructions(out_dir, process.pid, before)
+            if args.annotate:
+                annotate(out_dir, process.pid, before, args.annotate, f"{build} {name}")
             rows.append((build, name, args.requests, hits, f"{total // args.requests:,}"))
     return rows
 
@@ -136,16 +168,26 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--before", type=Path, help="a directory holding another build's proxy/")
     parser.add_argument("--rounds", type=int, default=2, help="with --before: rounds of the two")
+    parser.add_argument(
+        "--annotate", type=int, default=0, metavar="N", help="print each key's top N functions"
+    )
     stack.add_service_arguments(parser)
     args = parser.parse_args()
     stack.require("nginx", "valgrind", "callgrind_control")
     if args.before is not None and not (args.before / "proxy" / "__init__.py").is_file():
         raise SystemExit(f"--before {args.before}: no proxy/ package there")
     wanted = [k.strip() for k in args.keys.split(",") if k.strip()]
+    unknown = sorted(set(wanted) - {"governed", "cached", "plain", "4k", "4k-guarded"})
+    if unknown:
+        raise SystemExit(f"--keys: no key named {', '.join(unknown)} (see the docstring)")
     with stack.stack(args.log_level) as running:
         plain, governed = proxy_overhead.seed(running.controlplane, running.token, running.upstream)
         cached = proxy_overhead.seed_cached(running.controlplane, running.token, running.upstream)
         every = {"governed": governed, "cached": cached, "plain": plain}
+        if any(name.startswith("4k") for name in wanted):
+            every["4k"], every["4k-guarded"] = proxy_overhead.seed_guarded(
+                running.controlplane, running.token, running.upstream
+            )
         keys = {name: every[name] for name in wanted}
         rows: list[tuple[object, ...]] = []
         if args.before is None:

@@ -27,7 +27,7 @@ from proxy.asgi import JSON, Receive, Send, Watch, respond
 from proxy.breaker import Breakers, CircuitBreaker
 from proxy.errors import Cause, ProxyError
 from proxy.formats import Exchange, StreamPipe, stream_error
-from proxy.guardrails import AnswerScreen, GuardrailBlocked, StreamScreen, response_warnings
+from proxy.guardrails import AnswerScreen, GuardrailBlocked, StreamScreen
 from proxy.providers import Operation, ProviderTimeout, ProviderUnreachable, Upstream
 from proxy.providers.base import Reply
 from proxy.spend.estimate import estimate_tokens
@@ -520,7 +520,7 @@ class Dispatcher:
         headers_out = _answer_headers(upstream, reply, request_id, fallbacks, content_type)
         headers_out.extend(extra)
         if screen is not None:
-            headers_out.extend(response_warnings(screen.verdicts))
+            headers_out.extend(screen.warnings())
         outcome.first_byte_at = self._now()
         outcome.answered()
         await respond(send, reply.status, body, headers_out)

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
+import msgspec
+
 
 class Shape(Enum):
     """What a route's request body is."""
@@ -84,15 +86,104 @@ def _gemini_parts(content: Any) -> Iterator[Slot]:
             yield from _string(part, "text")
 
 
-def texts(shape: Shape, doc: Any) -> Iterator[Slot]:
+_CHAT_PARTS = ("text", "input_text", "output_text")
+
+
+def _chat_texts(messages: Any) -> list[Slot]:
+    """`_chat_content` of each message, as a list: the guardrails' hot path on the most common
+    route, without a generator's frame for each message and part."""
+    slots: list[Slot] = []
+    if not isinstance(messages, list):
+        return slots
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            slots.append((message, "content"))
+        elif isinstance(content, list):
+            for part in content:
+                if (
+                    isinstance(part, dict)
+                    and part.get("type") in _CHAT_PARTS
+                    and isinstance(part.get("text"), str)
+                ):
+                    slots.append((part, "text"))
+    return slots
+
+
+class _ChatMessage(msgspec.Struct, gc=False):
+    content: Any = None
+
+
+class _Chat(msgspec.Struct, gc=False):
+    messages: list[_ChatMessage] | None = None
+
+
+class _AnswerChoice(msgspec.Struct, gc=False):
+    message: _ChatMessage | None = None
+
+
+class _ChatAnswer(msgspec.Struct, gc=False):
+    choices: list[_AnswerChoice] | None = None
+
+
+_chat = msgspec.json.Decoder(_Chat).decode
+_chat_answer = msgspec.json.Decoder(_ChatAnswer).decode
+
+
+def _contents(messages: list[_ChatMessage]) -> list[str]:
+    values: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            values.append(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in _CHAT_PARTS:
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        values.append(text)
+    return values
+
+
+def chat_texts(body: bytes) -> list[str] | None:
+    """The texts `texts(Shape.CHAT, …)` finds in a chat request body, read without building
+    the rest of the body (ids, settings, tools are skipped in C); None when the body is not one
+    this reads (then the slots of the whole document are read instead)."""
+    try:
+        chat = _chat(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return _contents(chat.messages) if chat.messages else []
+
+
+def chat_answer_texts(body: bytes) -> list[str] | None:
+    """The texts `answer_texts(Shape.CHAT, …)` finds in a chat completion, read alike."""
+    try:
+        answer = _chat_answer(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    choices = answer.choices or ()
+    return [
+        c.message.content
+        for c in choices
+        if c.message is not None and isinstance(c.message.content, str)
+    ]
+
+
+def texts(shape: Shape, doc: Any) -> list[Slot]:
     """Every piece of text the request sends a model, in order: prompts, instructions, messages
     (tool results too); never ids, names or settings."""
     if not isinstance(doc, dict):
-        return
+        return []
     if shape is Shape.CHAT:
-        for message in _dicts(doc.get("messages")):
-            yield from _chat_content(message)
-    elif shape is Shape.MESSAGES:
+        return _chat_texts(doc.get("messages"))
+    return list(_texts(shape, doc))
+
+
+def _texts(shape: Shape, doc: dict[str, Any]) -> Iterator[Slot]:
+    if shape is Shape.MESSAGES:
         yield from _anthropic_blocks(doc, "system")
         for message in _dicts(doc.get("messages")):
             yield from _anthropic_blocks(message, "content")
@@ -208,16 +299,24 @@ def output_bound(shape: Shape, doc: Any) -> tuple[Any, str, str] | None:
     return None
 
 
-def answer_texts(shape: Shape, doc: Any) -> Iterator[Slot]:
+def answer_texts(shape: Shape, doc: Any) -> list[Slot]:
     """The text a model answered, in a plain answer of the route's format."""
     if not isinstance(doc, dict):
-        return
+        return []
     if shape is Shape.CHAT:
-        for choice in _dicts(doc.get("choices")):
-            message = choice.get("message")
-            if isinstance(message, dict):
-                yield from _string(message, "content")
-    elif shape is Shape.MESSAGES:
+        choices = doc.get("choices")
+        slots: list[Slot] = []
+        if isinstance(choices, list):
+            for choice in choices:
+                message = choice.get("message") if isinstance(choice, dict) else None
+                if isinstance(message, dict) and isinstance(message.get("content"), str):
+                    slots.append((message, "content"))
+        return slots
+    return list(_answer_texts(shape, doc))
+
+
+def _answer_texts(shape: Shape, doc: dict[str, Any]) -> Iterator[Slot]:
+    if shape is Shape.MESSAGES:
         for block in _dicts(doc.get("content")):
             if block.get("type") == "text":
                 yield from _string(block, "text")

@@ -511,7 +511,8 @@ class Gateway:
                 if screened is not None:
                     body = screened
                     prepared = ticket.request = route.prepare(runtime, head, body)
-                extra = (*extra, *warnings(verdicts))
+                if runtime.guardrails.warns:
+                    extra = (*extra, *warnings(verdicts))
                 screen = AnswerScreen.of(
                     runtime.guardrails, self._remote, verdicts, route.shape, prepared.model
                 )

@@ -21,6 +21,7 @@ from proxy.cache import _anthropic, _openai
 from proxy.cache._events import NotAnAnswer
 from proxy.cache.rules import CacheScope
 from proxy.cache.stores import CacheStore
+from proxy.digests import update_held
 from proxy.guardrails import warnings
 from proxy.providers.base import WireFormat
 from proxy.telemetry.metrics import Tally
@@ -356,7 +357,7 @@ def cache_key(
     if headers:
         digest.update(_normal.encode(dict(headers)))
         digest.update(b"\x00")
-    digest.update(_normal.encode(normal))
+    update_held(digest, _normal.encode(normal))
     return digest.hexdigest().encode()
 
 

@@ -11,7 +11,14 @@ from typing import Any
 
 import msgspec
 
-from proxy.documents import ANSWERED, Shape, answer_texts, texts
+from proxy.documents import (
+    ANSWERED,
+    Shape,
+    answer_texts,
+    chat_answer_texts,
+    chat_texts,
+    texts,
+)
 from proxy.guardrails._guards import (
     REQUEST,
     RESPONSE,
@@ -65,13 +72,24 @@ async def screen_request(
     guards = guardrails.request
     if not guards:
         return None
+    local = guardrails.request_local
+    if local is not None and shape is Shape.CHAT:
+        read = chat_texts(body)
+        if read is not None:
+            if local.nothing_found(read):
+                verdicts.update(local.passed)
+                return None
+            local = None  # found: the guardrails run in turn, below
     doc = None if shape is Shape.UPLOAD else _document(body)
     if doc is None:
         # An upload's form (audio, images to edit) holds no text these read.
         skipped(guards, verdicts, REQUEST)
         return None
-    slots = list(texts(shape, doc))
+    slots = texts(shape, doc)
     values = [container[key] for container, key in slots]
+    if local is not None and local.nothing_found(values):
+        verdicts.update(local.passed)
+        return None
     if not await screen_texts(guards, remote, verdicts, REQUEST, model, values):
         return None
     for (container, key), value in zip(slots, values, strict=True):
@@ -82,7 +100,7 @@ async def screen_request(
 class AnswerScreen:
     """The response guardrails of one request, for its answer: plain or streamed."""
 
-    __slots__ = ("_guards", "_model", "_remote", "_shape", "verdicts")
+    __slots__ = ("_guards", "_local", "_model", "_remote", "_shape", "_warns", "verdicts")
 
     def __init__(
         self,
@@ -93,6 +111,8 @@ class AnswerScreen:
         model: str,
     ) -> None:
         self._guards = guardrails.response
+        self._local = guardrails.response_local
+        self._warns = guardrails.warns
         self._remote = remote
         self.verdicts = verdicts
         self._shape = shape
@@ -118,12 +138,23 @@ class AnswerScreen:
 
     async def plain(self, body: bytes) -> bytes:
         """A plain answer in the client's format, redacted where it must be (a block raises)."""
+        local = self._local
+        if local is not None and self._shape is Shape.CHAT:
+            read = chat_answer_texts(body)
+            if read is not None:
+                if local.nothing_found(read):
+                    self.verdicts.update(local.passed)
+                    return body
+                local = None  # found: the guardrails run in turn, below
         doc = _document(body)
         if doc is None:
             skipped(self._guards, self.verdicts, RESPONSE)
             return body
-        slots = list(answer_texts(self._shape, doc))
+        slots = answer_texts(self._shape, doc)
         values = [container[key] for container, key in slots]
+        if local is not None and local.nothing_found(values):
+            self.verdicts.update(local.passed)
+            return body
         if not await screen_texts(
             self._guards, self._remote, self.verdicts, RESPONSE, self._model, values
         ):
@@ -134,6 +165,13 @@ class AnswerScreen:
 
     def stream(self) -> StreamScreen:
         return StreamScreen(self._guards, self._remote, self.verdicts, self._shape, self._model)
+
+    def warnings(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The warning header for the response stage's guardrails alone (the request stage's
+        went on the answer's headers already)."""
+        if not self._warns:
+            return ()
+        return response_warnings(self.verdicts)
 
 
 def response_warnings(verdicts: Verdicts) -> tuple[tuple[bytes, bytes], ...]:

@@ -114,6 +114,11 @@ _NUMBER_AFTER = 64
 class Detector:
     """Finds what one guardrail looks for in a text."""
 
+    joins = True
+    """Whether texts joined by `SEPARATOR` may be read in one call: none of the built-in kinds'
+    patterns matches across it. An admin's may (`^`, `\\A`, `$` would mark only the joined text's
+    ends), so each text is read on its own."""
+
     def find(self, text: str) -> list[Finding]:
         raise NotImplementedError
 
@@ -147,6 +152,8 @@ def _byte_occurrences(data: bytes, needle: bytes) -> Iterator[int]:
 
 def _distinct(found: list[Finding]) -> list[Finding]:
     """In order of position, without a finding that overlaps an earlier one."""
+    if len(found) < 2:
+        return found
     found.sort(key=lambda f: (f.start, -f.end))
     kept: list[Finding] = []
     for finding in found:
@@ -193,12 +200,16 @@ class PiiDetector(Detector):
         if self._numbers is not None:
             # One byte a character ("?" for those Latin-1 lacks): positions stay the text's.
             mapped = text.encode("latin-1", "replace").translate(_DIGITS)
-            hits = [
-                p
-                for p in _byte_occurrences(mapped, b"000")
-                if mapped.count(b"0", max(0, p - 4), p + 16) >= _DIGITS_NEAR
-            ]
-            for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size):
+            hits = (
+                [
+                    p
+                    for p in _byte_occurrences(mapped, b"000")
+                    if mapped.count(b"0", max(0, p - 4), p + 16) >= _DIGITS_NEAR
+                ]
+                if b"000" in mapped
+                else ()
+            )
+            for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size) if hits else ():
                 for match in self._numbers.finditer(text, start, end):
                     entity = match.lastgroup or ""
                     check = _CHECKS.get(entity)
@@ -258,21 +269,58 @@ class SecretsDetector(Detector):
         return _distinct(found)
 
 
-class RegexDetector(Detector):
-    """An admin's patterns, each its own entity, each bounded in time."""
+_LEADING_FLAGS = re.compile(r"\(\?([ims]+)\)")
+_NOT_COMBINABLE = re.compile(r"\\[1-9gk]|\(\?(?![:=!>]|<[=!]|P?<[A-Za-z_]|[ims]+(?:-[ims]+)?:)")
+"""A backreference (its group's number changes once joined), or an inline group other than a
+plain, lookaround, atomic, named or scoped-flags one (flags set for a whole pattern would apply
+to all of them)."""
 
-    __slots__ = ("_bound_s", "_patterns")
+
+def _either(patterns: list[str], flags: int) -> regex.Pattern[str] | None:
+    """One pattern that matches somewhere exactly when one of `patterns` does, or None when
+    they cannot be joined: a text most often holds none of them, which one search then tells."""
+    if len(patterns) < 2:
+        return None
+    parts = []
+    for pattern in patterns:
+        leading = _LEADING_FLAGS.match(pattern)
+        if leading is not None:
+            # "(?i)rest" becomes "(?i:rest)": the flags stay the pattern's own.
+            pattern = f"(?{leading.group(1)}:{pattern[leading.end() :]})"
+        if _NOT_COMBINABLE.search(pattern):
+            return None
+        parts.append(f"(?:{pattern})")
+    try:
+        return regex.compile("|".join(parts), flags)
+    except regex.error:
+        return None  # a group name twice, say
+
+
+class RegexDetector(Detector):
+    """An admin's patterns, each its own entity, each bounded in time. Each search keeps the
+    GIL (`concurrent=False`): `regex` would let go of it for every call, and taking it back
+    from the spool's disk thread cost more than the search."""
+
+    __slots__ = ("_any", "_bound_s", "_patterns")
+    joins = False
 
     def __init__(self, config: RegexConfig, bound_s: float) -> None:
         flags = regex.IGNORECASE if config.ignore_case else 0
         self._patterns = [(name, regex.compile(p, flags)) for name, p in config.patterns.items()]
+        self._any = _either(list(config.patterns.values()), flags)
         self._bound_s = bound_s
 
     def find(self, text: str) -> list[Finding]:
+        if self._any is not None:
+            try:
+                if self._any.search(text, timeout=self._bound_s, concurrent=False) is None:
+                    return []
+            except TimeoutError:
+                pass  # each pattern on its own, in its own time
         found = []
         for name, pattern in self._patterns:
             try:
-                for match in pattern.finditer(text, timeout=self._bound_s):
+                for match in pattern.finditer(text, timeout=self._bound_s, concurrent=False):
                     if match.end() > match.start():
                         found.append(Finding(match.start(), match.end(), name))
             except TimeoutError:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.documents import Shape
-from proxy.guardrails import GuardrailBlocked, guardrails_of
+from proxy.guardrails import GuardrailBlocked, guardrails_of, screen_request
 from proxy.guardrails._detect import PiiDetector, RegexDetector, SecretsDetector, redacted
 from proxy.guardrails._stream import StreamScreen
 from vkgate.guardrails import PiiConfig, RegexConfig, SecretsConfig
@@ -237,3 +237,210 @@ def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept()
     # The second time only the new message was read.
     assert detector.texts[-1] == "another short one"
     assert all(system not in str(key) for key in guard.seen._entries)
+
+
+ADMIN_PATTERNS = {
+    "ticket": r"\bTICKET-\d{3}\b",
+    "codename": r"(?i)\bblue ?bird\b",
+    "after": r"(?<=id=)\w+",
+    "named": r"(?P<word>zz+)y",
+    "maybe_empty": r"q*",
+    "line": r"(?m:^x)",
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet="ab xyzqTICKET-0123456789id=Bluebird\n", max_size=60),
+    st.sets(st.sampled_from(sorted(ADMIN_PATTERNS)), min_size=2),
+)
+def test_an_admins_patterns_find_alike_searched_together_first_or_each_alone(
+    text: str, names: set[str]
+) -> None:
+    from proxy.guardrails._detect import _distinct
+
+    patterns = {name: ADMIN_PATTERNS[name] for name in sorted(names)}
+    together = RegexDetector(RegexConfig(patterns=patterns), bound_s=1.0)
+    assert together._any is not None
+    alone = [
+        f
+        for name, pattern in patterns.items()
+        for f in RegexDetector(RegexConfig(patterns={name: pattern}), bound_s=1.0).find(text)
+    ]
+    assert together.find(text) == _distinct(alone)
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        {"a": r"(x)\1", "b": "y"},  # a backreference's number would change
+        {"a": r"(?x) x y ", "b": "y"},  # verbose for the whole pattern
+        {"a": r"(?i)x", "b": r"(?s)y", "c": "(?#note)z"},
+    ],
+)
+def test_patterns_that_cannot_be_joined_are_each_searched_alone(
+    patterns: dict[str, str],
+) -> None:
+    detector = RegexDetector(RegexConfig(patterns=patterns), bound_s=1.0)
+    assert detector._any is None
+    assert {f.entity for f in detector.find("xx x y y z X")} >= {"b"}
+
+
+def test_an_anchored_admin_pattern_is_matched_in_every_message_not_only_the_first() -> None:
+    guards = guardrails_of(
+        [
+            GuardrailSpec(
+                id="g",
+                name="codes",
+                stage="request",
+                kind="regex",
+                config={"patterns": {"code": r"^CODE-\d+$"}},
+                action="block",
+            )
+        ]
+    )
+    assert guards is not None
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "You help."},
+                {"role": "user", "content": "CODE-1234"},
+            ],
+        }
+    ).encode()
+    with pytest.raises(GuardrailBlocked):
+        asyncio.run(screen_request(guards, None, {}, Shape.CHAT, body, "m"))
+
+
+def _three(action: str = "redact") -> Any:
+    return guardrails_of(
+        [
+            GuardrailSpec(
+                id=kind,
+                name=kind,
+                stage="both",
+                kind=kind,
+                config=config,
+                action=action,
+            )
+            for kind, config in (
+                ("regex", {"patterns": {"ticket": r"\bTICKET-\d{3}\b", "bird": r"(?i)bluebird"}}),
+                ("pii", {}),
+                ("secrets", {}),
+            )
+        ]
+    )
+
+
+def test_texts_with_nothing_found_pass_every_guardrail_and_only_their_digest_is_kept() -> None:
+    guards = _three()
+    system = "You answer questions about invoices, politely and briefly. " * 6
+    body = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        }
+    ).encode()
+    for _ in range(2):
+        verdicts: dict[str, str] = {}
+        assert asyncio.run(screen_request(guards, None, verdicts, Shape.CHAT, body, "m")) is None
+        assert verdicts == {
+            "request:regex": "passed",
+            "request:pii": "passed",
+            "request:secrets": "passed",
+        }
+    clean = guards.request_local.clean._digests
+    assert len(clean) == 1  # the long system prompt; "hi" is read each time
+    assert all(system not in str(key) and len(key) == 16 for key in clean)
+
+
+def test_a_finding_runs_the_guardrails_in_turn_and_a_clean_text_seen_before_still_counts() -> None:
+    guards = _three()
+    system = "You answer questions about invoices, politely and briefly. " * 6
+
+    def body(user: str) -> bytes:
+        return json.dumps(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": user},
+                ],
+            }
+        ).encode()
+
+    asyncio.run(screen_request(guards, None, {}, Shape.CHAT, body("hello"), "m"))
+    verdicts: dict[str, str] = {}
+    out = asyncio.run(
+        screen_request(guards, None, verdicts, Shape.CHAT, body("TICKET-123 to a@b.example"), "m")
+    )
+    assert out is not None
+    sent = json.loads(out)["messages"]
+    assert sent[0]["content"] == system
+    assert sent[1]["content"] == "[REDACTED:ticket] to [REDACTED:email]"
+    assert verdicts == {
+        "request:regex": "redacted",
+        "request:pii": "redacted",
+        "request:secrets": "passed",
+    }
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
+_part = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["text", "input_text", "output_text", "image_url", 3]),
+        "text": _json_leaf,
+    },
+)
+_content = st.one_of(_json_leaf, st.lists(st.one_of(_part, _json_leaf), max_size=4))
+_message = st.one_of(
+    st.fixed_dictionaries({}, optional={"role": st.just("user"), "content": _content}),
+    _json_leaf,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(_message, max_size=4), _json_leaf))
+def test_a_chat_bodys_texts_read_in_c_are_the_documents_slots(messages: Any) -> None:
+    from proxy.documents import chat_texts, texts
+
+    body = json.dumps({"model": "m", "messages": messages, "temperature": 0.2}).encode()
+    fast = chat_texts(body)
+    slow = [c[k] for c, k in texts(Shape.CHAT, json.loads(body))]
+    # None: a body the fast reader declines; the guardrails then read the document.
+    assert fast is None or fast == slow
+    if messages is None or (
+        isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+    ):
+        assert fast == slow
+
+
+_choice = st.one_of(
+    st.fixed_dictionaries(
+        {"index": st.just(0)},
+        optional={
+            "message": st.one_of(
+                st.none(), st.fixed_dictionaries({}, optional={"content": _content})
+            )
+        },
+    ),
+    _json_leaf,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(_choice, max_size=3), _json_leaf))
+def test_a_chat_answers_texts_read_in_c_are_the_documents_slots(choices: Any) -> None:
+    from proxy.documents import answer_texts, chat_answer_texts
+
+    body = json.dumps({"id": "c", "choices": choices, "usage": {"prompt_tokens": 1}}).encode()
+    fast = chat_answer_texts(body)
+    slow = [c[k] for c, k in answer_texts(Shape.CHAT, json.loads(body))]
+    assert fast is None or fast == slow
+    if choices is None or (
+        isinstance(choices, list)
+        and all(isinstance(c, dict) and isinstance(c.get("message"), dict | None) for c in choices)
+    ):
+        assert fast == slow
