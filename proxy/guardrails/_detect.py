@@ -269,54 +269,20 @@ class SecretsDetector(Detector):
         return _distinct(found)
 
 
-_LEADING_FLAGS = re.compile(r"\(\?([ims]+)\)")
-_NOT_COMBINABLE = re.compile(r"\\[1-9gk]|\(\?(?![:=!>]|<[=!]|P?<[A-Za-z_]|[ims]+(?:-[ims]+)?:)")
-"""A backreference (its group's number changes once joined), or an inline group other than a
-plain, lookaround, atomic, named or scoped-flags one (flags set for a whole pattern would apply
-to all of them)."""
-
-
-def _either(patterns: list[str], flags: int) -> regex.Pattern[str] | None:
-    """One pattern that matches somewhere exactly when one of `patterns` does, or None when
-    they cannot be joined: a text most often holds none of them, which one search then tells."""
-    if len(patterns) < 2:
-        return None
-    parts = []
-    for pattern in patterns:
-        leading = _LEADING_FLAGS.match(pattern)
-        if leading is not None:
-            # "(?i)rest" becomes "(?i:rest)": the flags stay the pattern's own.
-            pattern = f"(?{leading.group(1)}:{pattern[leading.end() :]})"
-        if _NOT_COMBINABLE.search(pattern):
-            return None
-        parts.append(f"(?:{pattern})")
-    try:
-        return regex.compile("|".join(parts), flags)
-    except regex.error:
-        return None  # a group name twice, say
-
-
 class RegexDetector(Detector):
     """An admin's patterns, each its own entity, each bounded in time. Each search keeps the
     GIL (`concurrent=False`): `regex` would let go of it for every call, and taking it back
     from the spool's disk thread cost more than the search."""
 
-    __slots__ = ("_any", "_bound_s", "_patterns")
+    __slots__ = ("_bound_s", "_patterns")
     joins = False
 
     def __init__(self, config: RegexConfig, bound_s: float) -> None:
         flags = regex.IGNORECASE if config.ignore_case else 0
         self._patterns = [(name, regex.compile(p, flags)) for name, p in config.patterns.items()]
-        self._any = _either(list(config.patterns.values()), flags)
         self._bound_s = bound_s
 
     def find(self, text: str) -> list[Finding]:
-        if self._any is not None:
-            try:
-                if self._any.search(text, timeout=self._bound_s, concurrent=False) is None:
-                    return []
-            except TimeoutError:
-                pass  # each pattern on its own, in its own time
         found = []
         for name, pattern in self._patterns:
             try:

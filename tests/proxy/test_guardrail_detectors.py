@@ -239,53 +239,6 @@ def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept()
     assert all(system not in str(key) for key in guard.seen._entries)
 
 
-ADMIN_PATTERNS = {
-    "ticket": r"\bTICKET-\d{3}\b",
-    "codename": r"(?i)\bblue ?bird\b",
-    "after": r"(?<=id=)\w+",
-    "named": r"(?P<word>zz+)y",
-    "maybe_empty": r"q*",
-    "line": r"(?m:^x)",
-}
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.text(alphabet="ab xyzqTICKET-0123456789id=Bluebird\n", max_size=60),
-    st.sets(st.sampled_from(sorted(ADMIN_PATTERNS)), min_size=2),
-)
-def test_an_admins_patterns_find_alike_searched_together_first_or_each_alone(
-    text: str, names: set[str]
-) -> None:
-    from proxy.guardrails._detect import _distinct
-
-    patterns = {name: ADMIN_PATTERNS[name] for name in sorted(names)}
-    together = RegexDetector(RegexConfig(patterns=patterns), bound_s=1.0)
-    assert together._any is not None
-    alone = [
-        f
-        for name, pattern in patterns.items()
-        for f in RegexDetector(RegexConfig(patterns={name: pattern}), bound_s=1.0).find(text)
-    ]
-    assert together.find(text) == _distinct(alone)
-
-
-@pytest.mark.parametrize(
-    "patterns",
-    [
-        {"a": r"(x)\1", "b": "y"},  # a backreference's number would change
-        {"a": r"(?x) x y ", "b": "y"},  # verbose for the whole pattern
-        {"a": r"(?i)x", "b": r"(?s)y", "c": "(?#note)z"},
-    ],
-)
-def test_patterns_that_cannot_be_joined_are_each_searched_alone(
-    patterns: dict[str, str],
-) -> None:
-    detector = RegexDetector(RegexConfig(patterns=patterns), bound_s=1.0)
-    assert detector._any is None
-    assert {f.entity for f in detector.find("xx x y y z X")} >= {"b"}
-
-
 def test_an_anchored_admin_pattern_is_matched_in_every_message_not_only_the_first() -> None:
     guards = guardrails_of(
         [
