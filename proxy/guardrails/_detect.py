@@ -197,20 +197,17 @@ class PiiDetector(Detector):
                 found.extend(
                     Finding(m.start(), m.end(), "email") for m in _EMAIL.finditer(text, start, end)
                 )
-        if self._numbers is not None:
-            # One byte a character ("?" for those Latin-1 lacks): positions stay the text's.
-            mapped = text.encode("latin-1", "replace").translate(_DIGITS)
-            hits = (
-                [
-                    p
-                    for p in _byte_occurrences(mapped, b"000")
-                    if mapped.count(b"0", max(0, p - 4), p + 16) >= _DIGITS_NEAR
-                ]
-                if b"000" in mapped
-                else ()
-            )
-            for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size) if hits else ():
-                for match in self._numbers.finditer(text, start, end):
+        numbers = self._numbers
+        # One byte a character ("?" for those Latin-1 lacks): positions stay the text's.
+        mapped = text.encode("latin-1", "replace").translate(_DIGITS) if numbers else b""
+        if numbers is not None and b"000" in mapped:
+            hits = [
+                p
+                for p in _byte_occurrences(mapped, b"000")
+                if mapped.count(b"0", max(0, p - 4), p + 16) >= _DIGITS_NEAR
+            ]
+            for start, end in _windows(hits, _NUMBER_BEFORE, _NUMBER_AFTER, size):
+                for match in numbers.finditer(text, start, end):
                     entity = match.lastgroup or ""
                     check = _CHECKS.get(entity)
                     if check is None or check(match.group()):
