@@ -72,6 +72,52 @@ class Tally:
         return family
 
 
+class Outcomes(Tally):
+    """Guardrail outcomes, labelled guardrail, stage and outcome.
+
+    A request adds its whole set of verdicts as one count (a key's guardrails give the same few
+    sets again and again), spread over the labels when the metrics are read: one dictionary
+    update a request instead of one a guardrail and stage."""
+
+    __slots__ = ("kept", "sets")
+
+    def __init__(self, name: str, help: str, labels: tuple[str, ...], kept: int = 1024) -> None:
+        super().__init__(name, help, labels)
+        self.sets: dict[tuple[tuple[str, str], ...], float] = {}
+        self.kept = kept
+        """Distinct sets counted whole; past that, a new set's outcomes are added one by one."""
+
+    def add_verdicts(self, verdicts: dict[str, str]) -> None:
+        """`<stage>:<name>` -> outcome, for one request."""
+        key = tuple(verdicts.items())
+        sets = self.sets
+        count = sets.get(key)
+        if count is not None:
+            sets[key] = count + 1.0
+        elif len(sets) < self.kept:
+            sets[key] = 1.0
+        else:
+            for verdict, outcome in key:
+                stage, _, name = verdict.partition(":")
+                self.add((name, stage, outcome))
+
+    def counts(self) -> dict[Key, float]:
+        """Each label set's count."""
+        counts = dict(self.values)
+        for key, count in self.sets.items():
+            for verdict, outcome in key:
+                stage, _, name = verdict.partition(":")
+                labels = (name, stage, outcome)
+                counts[labels] = counts.get(labels, 0.0) + count
+        return counts
+
+    def family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(self.name, self.help, labels=self.labels)
+        for key, value in self.counts().items():
+            family.add_metric([_text(part) for part in key], value)
+        return family
+
+
 class Timings:
     """A histogram with labels: per label values, a count per bucket and the sum."""
 
@@ -186,7 +232,7 @@ class ProxyMetrics(Collector):
             "Requests refused 403 policy_violation, by the refusing rule's name",
             ("rule",),
         )
-        self.guardrails = Tally(
+        self.guardrails = Outcomes(
             "vkgate_guardrail_outcomes",
             "Guardrail checks by guardrail name, stage and outcome: passed, blocked, redacted, "
             "warned, or skipped (did not run: timed out under on_error allow, or nothing on "

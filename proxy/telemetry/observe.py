@@ -46,7 +46,7 @@ class RequestCompleted(Event):
 class RequestObserver:
     """Counts and logs finished requests for one gateway."""
 
-    __slots__ = ("_guardrail_labels", "_log_requests", "_metrics", "_now", "_telemetry_key")
+    __slots__ = ("_log_requests", "_metrics", "_now", "_telemetry_key")
 
     def __init__(
         self,
@@ -60,7 +60,6 @@ class RequestObserver:
         self._now = now
         self._log_requests = log_requests
         self._telemetry_key = telemetry_key
-        self._guardrail_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
 
     def completed(
         self,
@@ -161,27 +160,7 @@ class RequestObserver:
 
     def guardrails(self, verdicts: dict[str, str]) -> None:
         """Each guardrail outcome of a request, by name, stage and outcome."""
-        counts = self._metrics.guardrails.values
-        labels_of = self._guardrail_labels
-        for verdict in verdicts.items():
-            labels = labels_of.get(verdict)
-            if labels is None:
-                labels = _guardrail_labels(verdict)
-                if len(labels_of) < _GUARDRAIL_LABELS_KEPT:
-                    labels_of[verdict] = labels
-            counts[labels] = counts.get(labels, 0.0) + 1.0
-
-
-_GUARDRAIL_LABELS_KEPT = 4096
-"""Label sets remembered: a few per guardrail, so only a fleet of them renamed again and again
-would reach this; past it labels are made anew each time."""
-
-
-def _guardrail_labels(verdict: tuple[str, str]) -> tuple[str, str, str]:
-    """`("<stage>:<name>", outcome)` as the metric's labels: name, stage, outcome."""
-    key, outcome = verdict
-    stage, _, name = key.partition(":")
-    return (name, stage, outcome)
+        self._metrics.guardrails.add_verdicts(verdicts)
 
 
 def _centis(seconds: float) -> float:

@@ -407,3 +407,28 @@ def test_text_log_lines_cannot_be_forged_by_a_value() -> None:
     line = formatter.format(record)
     assert "\n" not in line
     assert line.endswith('request_completed model="a\\" b\\nfake=1" status=200')
+
+
+def test_guardrail_outcomes_counted_by_set_read_out_by_label() -> None:
+    from proxy.telemetry.metrics import Outcomes
+
+    labels = ("guardrail", "stage", "outcome")
+    outcomes = Outcomes("vkgate_guardrail_outcomes", "help", labels, kept=2)
+    clean = {"request:pii": "passed", "response:pii": "passed"}
+    for _ in range(3):
+        outcomes.add_verdicts(dict(clean))
+    outcomes.add_verdicts({"request:pii": "redacted", "response:pii": "passed"})
+    # A third distinct set is past what is kept whole: its outcomes are added one by one.
+    outcomes.add_verdicts({"request:pii": "blocked"})
+    assert len(outcomes.sets) == 2
+    assert outcomes.counts() == {
+        ("pii", "request", "passed"): 3.0,
+        ("pii", "response", "passed"): 4.0,
+        ("pii", "request", "redacted"): 1.0,
+        ("pii", "request", "blocked"): 1.0,
+    }
+    samples = {
+        (s.labels["guardrail"], s.labels["stage"], s.labels["outcome"]): s.value
+        for s in outcomes.family().samples
+    }
+    assert samples == outcomes.counts()
