@@ -3,8 +3,8 @@
 hashlib releases the GIL while it hashes 2 KiB or more. On the proxy's event loop that buys
 nothing (no other thread has work to do in that time) and costs a hand-back: a wake-up at
 best, and, when the spool's disk thread has taken the GIL meanwhile, the wait for it to give it
-up again. Fed in pieces under that size, hashlib keeps the GIL: hashing a 4 KB prompt stays a
-few microseconds however busy the other threads are.
+up again. Fed in pieces under that size, hashlib keeps the GIL, and hashing a prompt costs
+the same however busy the other threads are.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ SEEN_FROM = 256
 
 def digest(text: str) -> bytes:
     """A text's SHA-256, cut to 16 bytes: what is remembered of a text, never the text. (SHA-256
-    rather than BLAKE2b: OpenSSL's runs on the CPU's SHA instructions, in half the time.)"""
+    rather than BLAKE2b: OpenSSL's runs on the CPU's SHA instructions.)"""
     held: bytes = sha256_held(text.encode("utf-8", "surrogatepass")).digest()
     return held[:16]
 
