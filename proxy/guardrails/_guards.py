@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from proxy.digests import sha256_held
 from proxy.errors import ProxyError
@@ -267,9 +270,12 @@ class LocalStage:
         return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class KeyGuardrails:
-    """The guardrails of a key, by stage, in the order the control plane gave them."""
+    """The guardrails of a key, by stage, in the order the control plane gave them. Keys with
+    the same guardrails (a project's, an organization's) share one: and with it what its
+    stages and guardrails remember of texts, whose memory then grows with the sets of
+    guardrails, not with the keys."""
 
     request: tuple[Guard, ...]
     response: tuple[Guard, ...]
@@ -280,8 +286,26 @@ class KeyGuardrails:
     """Whether a guardrail's action is `warn`: only then can an answer carry a warning."""
 
 
+_COMPILED: weakref.WeakValueDictionary[bytes, KeyGuardrails] = weakref.WeakValueDictionary()
+"""Compiled guardrails by their specs, while a key's runtime holds them."""
+_spec_bytes = msgspec.json.Encoder().encode
+
+
 def guardrails_of(specs: Iterable[GuardrailSpec]) -> KeyGuardrails | None:
     """The compiled guardrails, or None for a key that has none: such keys pay nothing."""
+    specs = list(specs)
+    if not specs:
+        return None
+    identity = _spec_bytes(specs)
+    shared = _COMPILED.get(identity)
+    if shared is None:
+        shared = _compiled(specs)
+        if shared is not None:
+            _COMPILED[identity] = shared
+    return shared
+
+
+def _compiled(specs: list[GuardrailSpec]) -> KeyGuardrails | None:
     guards = [g for g in map(_compile, specs) if g is not None]
     if not guards:
         return None

@@ -397,3 +397,18 @@ def test_a_chat_answers_texts_read_in_c_are_the_documents_slots(choices: Any) ->
         and all(isinstance(c, dict) and isinstance(c.get("message"), dict | None) for c in choices)
     ):
         assert fast == slow
+
+
+def test_keys_with_the_same_guardrails_share_them_and_what_they_remember() -> None:
+    import gc
+
+    from proxy.guardrails._guards import _COMPILED
+
+    first, second = _three(), _three()
+    assert first is second  # one set of memories for every key of the project
+    assert _three("block") is not first  # another action: other guardrails
+    before = len(_COMPILED)
+    del first, second
+    gc.collect()
+    # Held only while a key's runtime holds them.
+    assert len(_COMPILED) == before - 1
