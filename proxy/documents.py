@@ -59,13 +59,25 @@ def _dicts(value: Any) -> Iterator[dict[str, Any]]:
             yield item
 
 
+_CHAT_PARTS = ("text", "input_text", "output_text")
+
+
+def _is_text_part(part: Any) -> bool:
+    """A chat content part whose `text` a model reads."""
+    return (
+        isinstance(part, dict)
+        and part.get("type") in _CHAT_PARTS
+        and isinstance(part.get("text"), str)
+    )
+
+
 def _chat_content(message: dict[str, Any]) -> Iterator[Slot]:
     content = message.get("content")
     if isinstance(content, str):
         yield message, "content"
-    for part in _dicts(content):
-        if part.get("type") in ("text", "input_text", "output_text"):
-            yield from _string(part, "text")
+    for part in _items(content):
+        if _is_text_part(part):
+            yield part, "text"
 
 
 def _anthropic_blocks(owner: dict[str, Any], key: str) -> Iterator[Slot]:
@@ -86,9 +98,6 @@ def _gemini_parts(content: Any) -> Iterator[Slot]:
             yield from _string(part, "text")
 
 
-_CHAT_PARTS = ("text", "input_text", "output_text")
-
-
 def _chat_texts(messages: Any) -> list[Slot]:
     """`_chat_content` of each message, as a list: the guardrails' hot path on the most common
     route, without a generator's frame for each message and part."""
@@ -102,13 +111,7 @@ def _chat_texts(messages: Any) -> list[Slot]:
         if isinstance(content, str):
             slots.append((message, "content"))
         elif isinstance(content, list):
-            for part in content:
-                if (
-                    isinstance(part, dict)
-                    and part.get("type") in _CHAT_PARTS
-                    and isinstance(part.get("text"), str)
-                ):
-                    slots.append((part, "text"))
+            slots.extend((part, "text") for part in content if _is_text_part(part))
     return slots
 
 
@@ -139,11 +142,7 @@ def _contents(messages: list[_ChatMessage]) -> list[str]:
         if isinstance(content, str):
             values.append(content)
         elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in _CHAT_PARTS:
-                    text = part.get("text")
-                    if isinstance(text, str):
-                        values.append(text)
+            values.extend(part["text"] for part in content if _is_text_part(part))
     return values
 
 

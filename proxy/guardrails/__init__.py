@@ -43,7 +43,6 @@ __all__ = [
     "StreamScreen",
     "Verdicts",
     "guardrails_of",
-    "response_warnings",
     "screen_request",
     "skipped",
     "warnings",
@@ -76,8 +75,7 @@ async def screen_request(
     if local is not None and shape is Shape.CHAT:
         read = chat_texts(body)
         if read is not None:
-            if local.nothing_found(read):
-                verdicts.update(local.passed)
+            if local.passes(read, verdicts):
                 return None
             local = None  # found: the guardrails run in turn, below
     doc = None if shape is Shape.UPLOAD else _document(body)
@@ -87,8 +85,7 @@ async def screen_request(
         return None
     slots = texts(shape, doc)
     values = [container[key] for container, key in slots]
-    if local is not None and local.nothing_found(values):
-        verdicts.update(local.passed)
+    if local is not None and local.passes(values, verdicts):
         return None
     if not await screen_texts(guards, remote, verdicts, REQUEST, model, values):
         return None
@@ -142,8 +139,7 @@ class AnswerScreen:
         if local is not None and self._shape is Shape.CHAT:
             read = chat_answer_texts(body)
             if read is not None:
-                if local.nothing_found(read):
-                    self.verdicts.update(local.passed)
+                if local.passes(read, self.verdicts):
                     return body
                 local = None  # found: the guardrails run in turn, below
         doc = _document(body)
@@ -152,8 +148,7 @@ class AnswerScreen:
             return body
         slots = answer_texts(self._shape, doc)
         values = [container[key] for container, key in slots]
-        if local is not None and local.nothing_found(values):
-            self.verdicts.update(local.passed)
+        if local is not None and local.passes(values, self.verdicts):
             return body
         if not await screen_texts(
             self._guards, self._remote, self.verdicts, RESPONSE, self._model, values
@@ -171,10 +166,5 @@ class AnswerScreen:
         went on the answer's headers already)."""
         if not self._warns:
             return ()
-        return response_warnings(self.verdicts)
-
-
-def response_warnings(verdicts: Verdicts) -> tuple[tuple[bytes, bytes], ...]:
-    """The warning header for the response stage's guardrails alone (the request stage's went
-    on the answer's headers already)."""
-    return warnings({k: v for k, v in verdicts.items() if k.startswith(RESPONSE + ":")})
+        stage = RESPONSE + ":"
+        return warnings({k: v for k, v in self.verdicts.items() if k.startswith(stage)})

@@ -104,8 +104,6 @@ class Seen:
     def __init__(self) -> None:
         self._entries: OrderedDict[bytes, tuple[Finding, ...]] = OrderedDict()
 
-    digest = staticmethod(digest)
-
     def get(self, digest: bytes) -> tuple[Finding, ...] | None:
         found = self._entries.get(digest)
         if found is not None:
@@ -237,6 +235,13 @@ class LocalStage:
         if not guards or any(g.remote for g in guards):
             return None
         return cls(guards, {f"{stage}:{g.name}": PASSED for g in guards})
+
+    def passes(self, texts: list[str], verdicts: Verdicts) -> bool:
+        """Whether every guardrail passes `texts` as they are (then noted in `verdicts`)."""
+        if self.nothing_found(texts):
+            verdicts.update(self.passed)
+            return True
+        return False
 
     def nothing_found(self, texts: list[str]) -> bool:
         """Whether no guardrail finds anything in `texts`; False also when a detector ran out
