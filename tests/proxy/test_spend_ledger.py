@@ -196,7 +196,9 @@ async def test_shipping_the_same_spool_twice_changes_nothing(
     # The control plane's answers say it takes gzip: the second goes compressed.
     assert running.control.gzip_segments
     again = await running.control.ship_spend(loaded.body)
-    assert (first.accepted, first.duplicates) == (2, 0)
-    assert (again.accepted, again.duplicates) == (0, 2)
+    # The drainer may have sealed the admit apart from the confirm, or shipped this segment
+    # before us: each record is taken once either way, and a segment sent again adds nothing.
+    assert first.accepted + first.duplicates == loaded.records > 0
+    assert (again.accepted, again.duplicates) == (0, loaded.records)
     await drained(proxy, records=2)
     assert (await report(client, tenant.org))["totals"]["requests"] == 1
