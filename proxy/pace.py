@@ -19,17 +19,23 @@ import weakref
 
 
 class Pace:
-    """Requests in flight on one event loop, counted by the gateway serving them there."""
+    """Requests in flight on one event loop: paid ones counted by the gateway serving them,
+    and every request whose head has arrived counted by the loop's HTTP server."""
 
-    __slots__ = ("in_flight",)
+    __slots__ = ("in_flight", "serving")
 
     def __init__(self) -> None:
         self.in_flight = 0
+        self.serving = 0
+        """Requests the server has handed to the app whose tasks are not yet done. An answer
+        that needs no await (a cache hit, a refusal) is written in its task's first step,
+        before the requests that arrived in the same turn are admitted: counted here from
+        their arrival, they make its write go with theirs."""
 
     @property
     def busy(self) -> bool:
         """More than one request in flight: a write may wait for the loop's next turn."""
-        return self.in_flight > 1
+        return self.in_flight > 1 or self.serving > 1
 
 
 _PACES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Pace] = weakref.WeakKeyDictionary()

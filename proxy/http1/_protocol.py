@@ -42,6 +42,7 @@ from proxy.asgi import ON_DISCONNECT
 from proxy.errors import ProxyError
 from proxy.http1._cycle import RequestCycle
 from proxy.http1._transport import OneWrite, deadlines_of
+from proxy.pace import pace_of
 from proxy.settings import ClientLimits
 from vkgate.errors import ErrorCode
 
@@ -81,6 +82,7 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
         self._on_lost: Callable[[], None] | None = None
         """The callback of the request being answered, for when its client goes away."""
         self._lost = False
+        self._pace = pace_of(self.loop)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -188,8 +190,13 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def _run(self, cycle: RequestCycle) -> None:
         task = self.loop.create_task(cycle.run(self.app))
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._ran)
         self.tasks.add(task)
+        self._pace.serving += 1
+
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self._pace.serving -= 1
 
     def _watch(self, callback: Callable[[], None] | None) -> None:
         """`ON_DISCONNECT`: `callback()` once the connection is lost (at once if it already

@@ -120,6 +120,35 @@ async def test_a_whole_answer_goes_at_once_unless_other_requests_are_in_flight()
         pace.in_flight = 0
 
 
+async def test_answers_written_without_an_await_go_together_when_requests_arrive_together() -> None:
+    # A cache hit is answered within its task's first step: no paid request is in flight
+    # then, but the server counts every request whose head it has handed over.
+    async def app(scope: Scope, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": JSON_HEADERS})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    pace = pace_of(asyncio.get_running_loop())
+    request = b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n"
+    alone, alone_writes = _connection(OneWriteHttpToolsProtocol, app)
+    alone.data_received(request)
+    assert pace.serving == 1
+    await asyncio.sleep(0)  # its task runs: the only request, so its answer goes at once
+    assert len(alone_writes.writes) == 1
+    await asyncio.sleep(0)
+    assert pace.serving == 0
+
+    pair = [_connection(OneWriteHttpToolsProtocol, app) for _ in range(2)]
+    for connection, _ in pair:
+        connection.data_received(request)  # both heads arrive in one turn of the loop
+    assert pace.serving == 2
+    await asyncio.sleep(0)  # both tasks run and answer: the writes wait for the next turn
+    assert [recorder.writes for _, recorder in pair] == [[], []]
+    await asyncio.sleep(0)
+    assert [len(recorder.writes) for _, recorder in pair] == [1, 1]
+    assert pair[0][1].writes[0].endswith(b"\r\n\r\n{}")
+    assert pace.serving == 0
+
+
 async def test_the_rest_of_the_transport_is_the_real_ones() -> None:
     transport, _ = one_write()
     assert transport.get_extra_info("peername") == ("127.0.0.1", 1234)
