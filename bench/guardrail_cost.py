@@ -21,8 +21,9 @@ import statistics
 import time
 from collections.abc import Callable
 
+from proxy.body import chat_fields
 from proxy.documents import Shape
-from proxy.guardrails import AnswerScreen, guardrails_of, screen_request
+from proxy.guardrails import AnswerScreen, guardrails_of, request_passes, screen_request
 from proxy.guardrails._detect import PiiDetector, RegexDetector, SecretsDetector
 from proxy.guardrails._guards import SEEN_SIZE
 from vkgate.guardrails import PiiConfig, RegexConfig, SecretsConfig
@@ -96,10 +97,14 @@ def main() -> None:
     async def stages(guards: object, request: bytes) -> None:
         if guards is None:
             return
+        # As the gateway does: the messages its chat route read, each looked at in process
+        # first, and the request read as a whole only when that is not enough.
         verdicts: dict[str, str] = {}
-        await screen_request(guards, None, verdicts, Shape.CHAT, request, "m")  # type: ignore[arg-type]
+        messages = chat_fields(request).messages
+        if not request_passes(guards, verdicts, messages):  # type: ignore[arg-type]
+            await screen_request(guards, None, verdicts, Shape.CHAT, request, "m", looked=True)  # type: ignore[arg-type]
         screen = AnswerScreen.of(guards, None, verdicts, Shape.CHAT, "m")  # type: ignore[arg-type]
-        if screen is not None:
+        if screen is not None and not screen.passes(answer):
             await screen.plain(answer)
 
     async def calls(n: int, guards: object, again: bool) -> None:

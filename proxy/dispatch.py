@@ -513,7 +513,7 @@ class Dispatcher:
         if outcome.usage is None and reply.status < 300 and exchange.estimates_output:
             outcome.estimated_output_tokens = estimate_tokens(data.decode("utf-8", "replace"))
         body = exchange.render(upstream, reply.status, data)
-        if screen is not None and reply.status < 300:
+        if screen is not None and reply.status < 300 and not screen.passes(body):
             # A block raises: the provider was paid, so the outcome keeps its usage.
             body = await screen.plain(body)
         content_type = reply.content_type if upstream.wire is exchange.client else JSON

@@ -119,10 +119,6 @@ class _ChatMessage(msgspec.Struct, gc=False):
     content: Any = None
 
 
-class _Chat(msgspec.Struct, gc=False):
-    messages: list[_ChatMessage] | None = None
-
-
 class _AnswerChoice(msgspec.Struct, gc=False):
     message: _ChatMessage | None = None
 
@@ -131,30 +127,23 @@ class _ChatAnswer(msgspec.Struct, gc=False):
     choices: list[_AnswerChoice] | None = None
 
 
-_chat = msgspec.json.Decoder(_Chat).decode
+_chat_message = msgspec.json.Decoder(_ChatMessage).decode
 _chat_answer = msgspec.json.Decoder(_ChatAnswer).decode
 
 
-def _contents(messages: list[_ChatMessage]) -> list[str]:
-    values: list[str] = []
-    for message in messages:
-        content = message.content
-        if isinstance(content, str):
-            values.append(content)
-        elif isinstance(content, list):
-            values.extend(part["text"] for part in content if _is_text_part(part))
-    return values
-
-
-def chat_texts(body: bytes) -> list[str] | None:
-    """The texts `texts(Shape.CHAT, …)` finds in a chat request body, read without building
-    the rest of the body (ids, settings, tools are skipped in C); None when the body is not one
-    this reads (then the slots of the whole document are read instead)."""
+def message_texts(message: bytes | msgspec.Raw) -> list[str] | None:
+    """The texts `texts(Shape.CHAT, …)` finds in one of a chat request's messages (its JSON
+    as sent), read without building the rest of it (its role, tool calls, images are skipped
+    in C); None when it is not one this reads (then the whole document is read instead)."""
     try:
-        chat = _chat(body)
+        content = _chat_message(message).content
     except (msgspec.DecodeError, RecursionError):
         return None
-    return _contents(chat.messages) if chat.messages else []
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if _is_text_part(part)]
+    return []
 
 
 def chat_answer_texts(body: bytes) -> list[str] | None:

@@ -44,6 +44,7 @@ from proxy.guardrails import (
     REQUEST,
     AnswerScreen,
     RemoteChecks,
+    request_passes,
     screen_request,
     skipped,
     warnings,
@@ -503,18 +504,26 @@ class Gateway:
             if refused is not None:
                 raise refused
             screen: AnswerScreen | None = None
-            if runtime.guardrails is not None:
+            guardrails = runtime.guardrails
+            if guardrails is not None:
                 verdicts = ticket.guardrails = {}
-                screened = await screen_request(
-                    runtime.guardrails, self._remote, verdicts, route.shape, body, prepared.model
-                )
-                if screened is not None:
-                    body = screened
-                    prepared = ticket.request = route.prepare(runtime, head, body)
-                if runtime.guardrails.warns:
+                if not request_passes(guardrails, verdicts, prepared.messages):
+                    screened = await screen_request(
+                        guardrails,
+                        self._remote,
+                        verdicts,
+                        route.shape,
+                        body,
+                        prepared.model,
+                        looked=prepared.messages is not None,
+                    )
+                    if screened is not None:
+                        body = screened
+                        prepared = ticket.request = route.prepare(runtime, head, body)
+                if guardrails.warns:
                     extra = (*extra, *warnings(verdicts))
                 screen = AnswerScreen.of(
-                    runtime.guardrails, self._remote, verdicts, route.shape, prepared.model
+                    guardrails, self._remote, verdicts, route.shape, prepared.model
                 )
             if cached is not None:
                 extra = (*extra, cached.header)
@@ -679,6 +688,7 @@ class Gateway:
             head.end_user or fields.user or None,
             body,
             None if cap is None else cap * (fields.n or 1),
+            messages=fields.messages,
         )
 
     def _messages(self, runtime: KeyRuntime, head: Head, body: bytes) -> Prepared:

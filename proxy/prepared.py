@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
+
 from proxy.formats import Exchange
 from proxy.limits.budgets import Worst
 
@@ -44,3 +46,6 @@ class Prepared:
     narrow: Callable[[tuple[Upstream, ...]], tuple[Upstream, ...]] | None = None
     """Keeps the credentials of the alias's chain that can serve this request (a stored
     response's own, for `previous_response_id`), or refuses it."""
+    messages: list[msgspec.Raw] | None = None
+    """A chat request's messages, each its JSON as sent: what the request guardrails read
+    first."""

@@ -168,7 +168,7 @@ class CachedRequest:
             if self.stream:
                 guard = screen.stream()
                 body = await guard.close(body)
-            else:
+            elif not screen.passes(body):
                 body = await screen.plain(body)
         age = max(0, int(self._cache.wall() - hit.stored_at))
         headers = [

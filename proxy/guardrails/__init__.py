@@ -16,7 +16,6 @@ from proxy.documents import (
     Shape,
     answer_texts,
     chat_answer_texts,
-    chat_texts,
     texts,
 )
 from proxy.guardrails._guards import (
@@ -43,6 +42,7 @@ __all__ = [
     "StreamScreen",
     "Verdicts",
     "guardrails_of",
+    "request_passes",
     "screen_request",
     "skipped",
     "warnings",
@@ -58,6 +58,18 @@ def _document(body: bytes) -> Any:
         return None
 
 
+def request_passes(
+    guardrails: KeyGuardrails, verdicts: Verdicts, messages: list[msgspec.Raw] | None
+) -> bool:
+    """Whether every request guardrail passes a chat request's `messages` (each its JSON as
+    sent) in this process: they all match patterns here, and find nothing (noted in
+    `verdicts`). Otherwise `screen_request` reads the request."""
+    if not guardrails.request:
+        return True
+    local = guardrails.request_local
+    return local is not None and messages is not None and local.passes_messages(messages, verdicts)
+
+
 async def screen_request(
     guardrails: KeyGuardrails,
     remote: RemoteChecks | None,
@@ -65,19 +77,15 @@ async def screen_request(
     shape: Shape,
     body: bytes,
     model: str,
+    *,
+    looked: bool = False,
 ) -> bytes | None:
     """The request guardrails over the request's text: None to send it as it is, or the body
-    with its redactions (a block raises `GuardrailBlocked`)."""
+    with its redactions (a block raises `GuardrailBlocked`). `looked`: the pattern guardrails
+    have read these texts already (`request_passes`), so they run in turn at once."""
     guards = guardrails.request
     if not guards:
         return None
-    local = guardrails.request_local
-    if local is not None and shape is Shape.CHAT:
-        read = chat_texts(body)
-        if read is not None:
-            if local.passes(read, verdicts):
-                return None
-            local = None  # found: the guardrails run in turn, below
     doc = None if shape is Shape.UPLOAD else _document(body)
     if doc is None:
         # An upload's form (audio, images to edit) holds no text these read.
@@ -85,6 +93,7 @@ async def screen_request(
         return None
     slots = texts(shape, doc)
     values = [container[key] for container, key in slots]
+    local = None if looked else guardrails.request_local
     if local is not None and local.passes(values, verdicts):
         return None
     if not await screen_texts(guards, remote, verdicts, REQUEST, model, values):
@@ -97,7 +106,16 @@ async def screen_request(
 class AnswerScreen:
     """The response guardrails of one request, for its answer: plain or streamed."""
 
-    __slots__ = ("_guards", "_local", "_model", "_remote", "_shape", "_warns", "verdicts")
+    __slots__ = (
+        "_guards",
+        "_local",
+        "_looked",
+        "_model",
+        "_remote",
+        "_shape",
+        "_warns",
+        "verdicts",
+    )
 
     def __init__(
         self,
@@ -114,6 +132,8 @@ class AnswerScreen:
         self.verdicts = verdicts
         self._shape = shape
         self._model = model
+        self._looked = False
+        """`passes` read the answer and found something: `plain` runs the guardrails in turn."""
 
     @classmethod
     def of(
@@ -133,15 +153,24 @@ class AnswerScreen:
             return None
         return cls(guardrails, remote, verdicts, shape, model)
 
+    def passes(self, body: bytes) -> bool:
+        """Whether every response guardrail passes a plain chat answer in this process: they
+        all match patterns here, and find nothing (noted in `verdicts`). Otherwise `plain`
+        reads the answer."""
+        local = self._local
+        if local is None or self._shape is not Shape.CHAT:
+            return False
+        read = chat_answer_texts(body)
+        if read is None:
+            return False
+        if local.passes(read, self.verdicts):
+            return True
+        self._looked = True
+        return False
+
     async def plain(self, body: bytes) -> bytes:
         """A plain answer in the client's format, redacted where it must be (a block raises)."""
-        local = self._local
-        if local is not None and self._shape is Shape.CHAT:
-            read = chat_answer_texts(body)
-            if read is not None:
-                if local.passes(read, self.verdicts):
-                    return body
-                local = None  # found: the guardrails run in turn, below
+        local = None if self._looked else self._local
         doc = _document(body)
         if doc is None:
             skipped(self._guards, self.verdicts, RESPONSE)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from proxy.digests import sha256_held
+from proxy.digests import Fingerprint, bytes_fingerprint, text_fingerprint
+from proxy.documents import message_texts
 from proxy.errors import ProxyError
 from proxy.guardrails._detect import (
     Detector,
@@ -80,37 +81,31 @@ def note(verdicts: Verdicts, stage: str, name: str, outcome: str) -> None:
 
 
 SEEN_SIZE = 1024
-"""Texts a pattern guardrail remembers its findings for (a digest and a few positions each)."""
+"""Texts a pattern guardrail remembers its findings for (a fingerprint and a few positions
+each)."""
 SEEN_FROM = 256
-"""Shorter texts are scanned again: their digest would cost about as much."""
-
-
-def digest(text: str) -> bytes:
-    """A text's SHA-256, cut to 16 bytes: what is remembered of a text, never the text. (SHA-256
-    rather than BLAKE2b: OpenSSL's runs on the CPU's SHA instructions.)"""
-    held: bytes = sha256_held(text.encode("utf-8", "surrogatepass")).digest()
-    return held[:16]
+"""Shorter texts are scanned again: remembering them would cost about as much."""
 
 
 class Seen:
-    """A pattern guardrail's findings by a digest of the text they were found in.
+    """A pattern guardrail's findings by the fingerprint of the text they were found in.
 
     A conversation sends its system prompt and every earlier message again with each turn, and
     most keys send one system prompt with every request: the text is the same, so what a
-    detector finds in it is too. Only a digest of the text is kept, never the text."""
+    detector finds in it is too. Only a fingerprint of the text is kept, never the text."""
 
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[bytes, tuple[Finding, ...]] = OrderedDict()
+        self._entries: OrderedDict[Fingerprint, tuple[Finding, ...]] = OrderedDict()
 
-    def get(self, digest: bytes) -> tuple[Finding, ...] | None:
+    def get(self, digest: Fingerprint) -> tuple[Finding, ...] | None:
         found = self._entries.get(digest)
         if found is not None:
             self._entries.move_to_end(digest)
         return found
 
-    def put(self, digest: bytes, found: list[Finding]) -> None:
+    def put(self, digest: Fingerprint, found: list[Finding]) -> None:
         self._entries[digest] = tuple(found)
         if len(self._entries) > SEEN_SIZE:
             self._entries.popitem(last=False)
@@ -197,20 +192,20 @@ def _compile(spec: GuardrailSpec) -> Guard | None:
 
 
 class Clean:
-    """Digests of long texts in which none of a stage's pattern guardrails found anything."""
+    """Fingerprints of long texts in which none of a stage's pattern guardrails found anything."""
 
     __slots__ = ("_digests",)
 
     def __init__(self) -> None:
-        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._digests: OrderedDict[Fingerprint, None] = OrderedDict()
 
-    def __contains__(self, digest: bytes) -> bool:
+    def __contains__(self, digest: Fingerprint) -> bool:
         if digest in self._digests:
             self._digests.move_to_end(digest)
             return True
         return False
 
-    def add(self, digest: bytes) -> None:
+    def add(self, digest: Fingerprint) -> None:
         self._digests[digest] = None
         if len(self._digests) > SEEN_SIZE:
             self._digests.popitem(last=False)
@@ -229,6 +224,11 @@ class LocalStage:
     passed: dict[str, str]
     """`<stage>:<name>` → `passed` for each guardrail: the verdicts when nothing is found."""
     clean: Clean = field(default_factory=Clean)
+    """Long texts in which nothing was found."""
+    clean_messages: Clean = field(default_factory=Clean)
+    """Long chat messages in which nothing was found, by the fingerprint of their JSON as sent: a
+    conversation sends its earlier messages again with every turn, byte for byte, and these
+    are known without being decoded."""
 
     @classmethod
     def of(cls, guards: tuple[Guard, ...], stage: str) -> LocalStage | None:
@@ -243,35 +243,61 @@ class LocalStage:
             return True
         return False
 
+    def passes_messages(self, messages: list[msgspec.Raw], verdicts: Verdicts) -> bool:
+        """`passes` for a chat request's messages, each its JSON as sent; False also when a
+        message is not one `message_texts` reads."""
+        unread: list[str] = []
+        digests: list[Fingerprint] = []
+        clean = self.clean_messages
+        for message in messages:
+            if len(message) >= SEEN_FROM:
+                known = bytes_fingerprint(message)
+                if known in clean:
+                    continue
+                digests.append(known)
+            texts = message_texts(message)
+            if texts is None:
+                return False
+            unread.extend(texts)
+        if unread and not self._finds_nothing(unread):
+            return False
+        for known in digests:
+            clean.add(known)
+        verdicts.update(self.passed)
+        return True
+
     def nothing_found(self, texts: list[str]) -> bool:
         """Whether no guardrail finds anything in `texts`; False also when a detector ran out
         of time (the guardrails in turn then apply their `on_error`)."""
         unread: list[str] = []
-        digests: list[bytes] = []
+        digests: list[Fingerprint] = []
         clean = self.clean
         for text in texts:
             if len(text) >= SEEN_FROM:
-                known = digest(text)
+                known = text_fingerprint(text)
                 if known in clean:
                     continue
                 digests.append(known)
             unread.append(text)
-        if not unread:
-            return True
-        joined = unread[0] if len(unread) == 1 else SEPARATOR.join(unread)
+        if unread and not self._finds_nothing(unread):
+            return False
+        for known in digests:
+            clean.add(known)
+        return True
+
+    def _finds_nothing(self, texts: list[str]) -> bool:
+        joined = texts[0] if len(texts) == 1 else SEPARATOR.join(texts)
         try:
             for guard in self.guards:
                 detector = guard.detector
                 assert detector is not None
-                if detector.joins or len(unread) == 1:
+                if detector.joins or len(texts) == 1:
                     if detector.find(joined):
                         return False
-                elif any(detector.find(text) for text in unread):
+                elif any(detector.find(text) for text in texts):
                     return False
         except DetectorTimeout:
             return False
-        for known in digests:
-            clean.add(known)
         return True
 
 
@@ -330,9 +356,9 @@ SEPARATOR = "\n\x00\n"
 across it (`.` stops at a line end, no entity holds a NUL)."""
 
 
-def digests_of(texts: list[str]) -> list[bytes | None]:
-    """Each text's digest for `Seen`, made once for every guardrail that reads it."""
-    return [digest(text) if len(text) >= SEEN_FROM else None for text in texts]
+def digests_of(texts: list[str]) -> list[Fingerprint | None]:
+    """Each long text's fingerprint for `Seen`, made once for every guardrail that reads it."""
+    return [text_fingerprint(text) if len(text) >= SEEN_FROM else None for text in texts]
 
 
 def local_findings(
@@ -340,7 +366,7 @@ def local_findings(
     verdicts: Verdicts,
     stage: str,
     texts: list[str],
-    digests: list[bytes | None] | None = None,
+    digests: list[Fingerprint | None] | None = None,
 ) -> list[list[Finding]] | None:
     """What a pattern guardrail found in each text, or None when it could not run (a block
     raises); an outcome is noted unless something was found (the caller decides).
@@ -451,7 +477,7 @@ async def screen_texts(
     """Run every guardrail over `texts` in order, redacting them in place; whether any text
     changed. A block raises `GuardrailBlocked`."""
     changed = False
-    digests: list[bytes | None] | None = None
+    digests: list[Fingerprint | None] | None = None
     for guard in guards:
         if not guard.remote:
             if digests is None:

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.documents import Shape
+from proxy.digests import bytes_fingerprint, text_fingerprint
+from proxy.documents import Shape, message_texts
 from proxy.guardrails import GuardrailBlocked, guardrails_of, screen_request
 from proxy.guardrails._detect import PiiDetector, RegexDetector, SecretsDetector, redacted
 from proxy.guardrails._stream import StreamScreen
@@ -212,7 +213,7 @@ def test_a_block_at_the_streams_end_keeps_what_passed_in_its_last_bytes() -> Non
     assert sent and "jane" not in sent and set(sent.split()) == {"safe", "words"}
 
 
-def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept() -> None:
+def test_a_long_text_read_lately_is_not_read_again_and_only_its_fingerprint_is_kept() -> None:
     from proxy.guardrails._guards import Guard, local_findings
 
     class Counting(PiiDetector):
@@ -236,7 +237,7 @@ def test_a_long_text_read_lately_is_not_read_again_and_only_its_digest_is_kept()
     assert second[0][0].start == system.index("ops@")
     # The second time only the new message was read.
     assert detector.texts[-1] == "another short one"
-    assert all(system not in str(key) for key in guard.seen._entries)
+    assert list(guard.seen._entries) == [text_fingerprint(system)]
 
 
 def test_an_anchored_admin_pattern_is_matched_in_every_message_not_only_the_first() -> None:
@@ -286,7 +287,7 @@ def _three(action: str = "redact") -> Any:
     )
 
 
-def test_texts_with_nothing_found_pass_every_guardrail_and_only_their_digest_is_kept() -> None:
+def test_texts_with_nothing_found_pass_every_guardrail_and_keep_only_a_fingerprint() -> None:
     guards = _three()
     system = "You answer questions about invoices, politely and briefly. " * 6
     body = json.dumps(
@@ -303,9 +304,8 @@ def test_texts_with_nothing_found_pass_every_guardrail_and_only_their_digest_is_
             "request:pii": "passed",
             "request:secrets": "passed",
         }
-    clean = guards.request_local.clean._digests
-    assert len(clean) == 1  # the long system prompt; "hi" is read each time
-    assert all(system not in str(key) and len(key) == 16 for key in clean)
+    # The long system prompt; "hi" is read each time.
+    assert list(guards.request_local.clean._digests) == [text_fingerprint(system)]
 
 
 def test_a_finding_runs_the_guardrails_in_turn_and_a_clean_text_seen_before_still_counts() -> None:
@@ -339,6 +339,57 @@ def test_a_finding_runs_the_guardrails_in_turn_and_a_clean_text_seen_before_stil
     }
 
 
+def test_a_long_message_found_clean_is_known_by_its_json_and_only_its_fingerprint_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from proxy import body as B
+    from proxy.guardrails import _guards, request_passes
+
+    guards = _three()
+    system = {"role": "system", "content": "You answer questions about invoices, briefly. " * 6}
+    read: list[bytes] = []
+
+    def counted(message: Any) -> list[str] | None:
+        read.append(bytes(message))
+        return message_texts(message)
+
+    monkeypatch.setattr(_guards, "message_texts", counted)
+
+    def body(*messages: Any) -> bytes:
+        return json.dumps({"model": "m", "messages": list(messages)}).encode()
+
+    def passes(request: bytes, verdicts: dict[str, str]) -> bool:
+        return request_passes(guards, verdicts, B.chat_fields(request).messages)
+
+    for _ in range(2):
+        verdicts: dict[str, str] = {}
+        assert passes(body(system, {"role": "user", "content": "hi"}), verdicts)
+        assert verdicts == {f"request:{k}": "passed" for k in ("regex", "pii", "secrets")}
+    # The long system message was decoded once; the short one each time.
+    assert [json.loads(m)["role"] for m in read] == ["system", "user", "user"]
+    clean = guards.request_local.clean_messages._digests
+    assert list(clean) == [bytes_fingerprint(json.dumps(system).encode())]
+
+    # A finding in a new message: the stage does not pass, and screen_request redacts it
+    # without asking the pattern guardrails as a whole again.
+    found = body(system, {"role": "user", "content": "TICKET-123 to a@b.example"})
+    verdicts = {}
+    assert not passes(found, verdicts) and verdicts == {}
+    out = asyncio.run(screen_request(guards, None, verdicts, Shape.CHAT, found, "m", looked=True))
+    assert out is not None
+    assert json.loads(out)["messages"][1]["content"] == "[REDACTED:ticket] to [REDACTED:email]"
+    assert verdicts["request:regex"] == verdicts["request:pii"] == "redacted"
+    assert len(clean) == 1
+
+    # The same text in other JSON (its keys in another order) is read as a new message.
+    read.clear()
+    assert passes(body({"content": system["content"], "role": "system"}), {})
+    assert len(read) == 1 and len(clean) == 2
+
+    # A message this does not read (not an object) leaves the request to screen_request.
+    assert not passes(body(system, "a bare string"), {})
+
+
 _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8))
 _part = st.fixed_dictionaries(
     {},
@@ -355,18 +406,15 @@ _message = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.lists(_message, max_size=4), _json_leaf))
-def test_a_chat_bodys_texts_read_in_c_are_the_documents_slots(messages: Any) -> None:
-    from proxy.documents import chat_texts, texts
+@given(_message)
+def test_a_chat_messages_texts_read_in_c_are_the_documents_slots(message: Any) -> None:
+    from proxy.documents import texts
 
-    body = json.dumps({"model": "m", "messages": messages, "temperature": 0.2}).encode()
-    fast = chat_texts(body)
-    slow = [c[k] for c, k in texts(Shape.CHAT, json.loads(body))]
-    # None: a body the fast reader declines; the guardrails then read the document.
+    fast = message_texts(json.dumps(message).encode())
+    slow = [c[k] for c, k in texts(Shape.CHAT, {"model": "m", "messages": [message]})]
+    # None: a message the fast reader declines; the guardrails then read the document.
     assert fast is None or fast == slow
-    if messages is None or (
-        isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
-    ):
+    if isinstance(message, dict):
         assert fast == slow
 
 
@@ -401,14 +449,16 @@ def test_a_chat_answers_texts_read_in_c_are_the_documents_slots(choices: Any) ->
 
 def test_keys_with_the_same_guardrails_share_them_and_what_they_remember() -> None:
     import gc
+    import weakref
 
     from proxy.guardrails._guards import _COMPILED
 
     first, second = _three(), _three()
     assert first is second  # one set of memories for every key of the project
     assert _three("block") is not first  # another action: other guardrails
-    before = len(_COMPILED)
+    held = weakref.ref(first)
+    assert any(compiled is first for compiled in _COMPILED.values())
     del first, second
     gc.collect()
-    # Held only while a key's runtime holds them.
-    assert len(_COMPILED) == before - 1
+    # Held only while a key's runtime holds them (other tests' sets may go meanwhile).
+    assert held() is None
