@@ -2,8 +2,9 @@
 
 One control plane and nginx; two governed keys of one organization alike but for three
 guardrails (regex, pii, secrets; both stages; `proxy_overhead.seed_guarded`). For each round and
-build, a proxy with one worker is started, and a 4 KB prompt (`prompt.lua`, as run.sh's
-`vkgate-wN-4k` rows) is sent through each key in turn at `--conc` for `--duration` after a
+build, a proxy with one worker is started, and run.sh's `vkgate-wN-4k` body (`peers/chat.lua`
+with `BENCH_PROMPT_BYTES=4096`: a short system prompt, and a user message of 4 KB of prose with
+a few numbers) is sent through each key in turn at `--conc` for `--duration` after a
 two-second warm-up. A row gives the requests a second and the proxy's CPU per request (user +
 system, from /proc); the last table gives each build's guarded key against its unguarded one,
 round by round. Builds are alternated so that a neighbour's load falls on both alike.
@@ -28,6 +29,8 @@ import proxy_overhead
 import stack
 
 HERE = Path(__file__).resolve().parent
+SCRIPT = "peers/chat.lua"
+"""run.sh's own wrk script, for its rows' body."""
 
 
 def main() -> None:
@@ -66,10 +69,10 @@ def main() -> None:
                 with running.proxy(extra, name=build) as proxy:
                     url = f"{proxy.url}/v1/chat/completions"
                     for name, key in keys.items():
-                        env = {**os.environ, "BENCH_KEY": key, "BENCH_PROMPT_BYTES": "4096"}
-                        stack.wrk(url, args.conc, "2s", env, script="prompt.lua")
+                        env = {**os.environ, "BENCH_API_KEY": key, "BENCH_PROMPT_BYTES": "4096"}
+                        stack.wrk(url, args.conc, "2s", env, script=SCRIPT)
                         before = stack.cpu_seconds(proxy.process.pid)
-                        result = stack.wrk(url, args.conc, args.duration, env, script="prompt.lua")
+                        result = stack.wrk(url, args.conc, args.duration, env, script=SCRIPT)
                         cpu = stack.cpu_seconds(proxy.process.pid) - before
                         if result.requests == 0 or result.non2xx or result.errors:
                             raise SystemExit(f"{build} {name}: {result.output}")

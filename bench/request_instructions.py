@@ -53,16 +53,39 @@ BODY = json.dumps(
     }
 ).encode()
 PROMPT_BYTES = 4096
+_PROSE = (
+    "The committee reviewed the quarterly figures and agreed to revisit the plan next month. ",
+    "In 2024 the team shipped 3 releases across 12 regions, and the backlog shrank by a third. ",
+    "Customers asked for clearer invoices, faster exports and a calmer onboarding flow. ",
+    "Before the meeting ends, summarise the open questions and who will answer each of them. ",
+)
+
+
+def _padded(question: str, size: int) -> str:
+    parts: list[str] = []
+    while sum(map(len, parts)) < size:
+        parts.append(_PROSE[len(parts) % len(_PROSE)])
+    return "".join(parts) + question
+
+
 BODY_4K = json.dumps(
     {
         "model": "gpt-4o-mini",
         "messages": [
-            {"role": "user", "content": ("lorem ipsum " * (PROMPT_BYTES // 12 + 1))[:PROMPT_BYTES]}
+            {"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
+            {
+                "role": "user",
+                "content": _padded(
+                    "What is the capital of France, and what river runs through it?", PROMPT_BYTES
+                ),
+            },
         ],
+        "temperature": 0.2,
         "max_tokens": 64,
     }
 ).encode()
-"""The body of the `4k` keys: prompt.lua's (bench/run.sh's rows with a 4 KB prompt)."""
+"""The body of the `4k` keys: bench/run.sh's rows with a 4 KB prompt (`peers/chat.lua` with
+`BENCH_PROMPT_BYTES=4096`)."""
 _TOTALS = re.compile(r"^totals: (\d+)", re.MULTILINE)
 
 

@@ -442,6 +442,11 @@ def create_keys(
 # -- measuring -------------------------------------------------------------------------------
 
 WRK_RESULT = re.compile(r"RESULT ([\d.]+) ([\d.]+) ([\d.]+) (\d+) (\d+) (\d+)")
+PEERS_RESULT = re.compile(
+    r"BENCH_RESULT rps=([\d.]+) p50_ms=([\d.]+) .*?p99_ms=([\d.]+) .*?requests=(\d+) "
+    r"non2xx=(\d+) sockerr=(\d+)"
+)
+"""The line `peers/chat.lua` (run.sh's script) prints, read alike."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +474,7 @@ def _wrk_args(url: str, concurrency: int, duration: str, script: str) -> list[st
 
 
 def _wrk_result(output: str) -> WrkResult:
-    found = WRK_RESULT.search(output)
+    found = WRK_RESULT.search(output) or PEERS_RESULT.search(output)
     if found is None:
         raise SystemExit(f"wrk printed no result:\n{output}")
     rps, p50, p99, requests, non2xx, errors = found.groups()
@@ -486,7 +491,8 @@ def wrk(
     script: str = "load.lua",
     timeout: float = 120,
 ) -> WrkResult:
-    """One `wrk -t1` run with a script of this directory that prints a `RESULT` line."""
+    """One `wrk -t1` run with a script of this directory that prints a `RESULT` line (or
+    `peers/chat.lua`, run.sh's own)."""
     output = subprocess.run(
         _wrk_args(url, concurrency, duration, script),
         env=env,

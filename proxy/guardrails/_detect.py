@@ -266,32 +266,74 @@ class SecretsDetector(Detector):
         return _distinct(found)
 
 
+SHORT_TEXT = 256
+"""Texts shorter than this (most answers, most messages) are first searched for all of a
+guardrail's patterns at once: each search has a fixed cost, which on a busy server's cold
+caches is most of a short text's. A longer text is searched pattern by pattern, where each
+keeps the literal scan an alternation would lose."""
+_NOT_A_BRANCH = re.compile(r"\\(?:[1-9]|[gkP])|\(\?(?![:=!>]|<[=!]|[ims]+:)")
+"""What may change its meaning as one branch of an alternation (conservatively, escaped or
+not): a reference to a group by number or name, a named group, and any `(?` but a plain,
+scoped-flag, lookaround or atomic group; a pattern's leading global flags are scoped apart."""
+_LEADING_FLAGS = re.compile(r"\(\?([ims]+)\)")
+
+
+def _branch(pattern: str) -> str | None:
+    """`pattern` as one branch of an alternation that means what it means alone, or None."""
+    flags = _LEADING_FLAGS.match(pattern)
+    if flags is not None:
+        pattern = f"(?{flags.group(1)}:{pattern[flags.end() :]})"
+    if _NOT_A_BRANCH.search(pattern):
+        return None
+    return f"(?:{pattern})"
+
+
+def _alternation(patterns: Iterable[str], flags: int) -> regex.Pattern[str] | None:
+    """One pattern matching wherever any of `patterns` does, when each can be a branch."""
+    branches = [_branch(p) for p in patterns]
+    if len(branches) < 2 or None in branches:
+        return None
+    try:
+        return regex.compile("|".join(b for b in branches if b is not None), flags)
+    except regex.error:
+        return None
+
+
 class RegexDetector(Detector):
     """An admin's patterns, each its own entity, each bounded in time. Each search keeps the
     GIL (`concurrent=False`): `regex` would let go of it for every call, and taking it back
     from the spool's disk thread cost more than the search."""
 
-    __slots__ = ("_bound_s", "_patterns")
+    __slots__ = ("_any", "_bound_s", "_patterns")
     joins = False
 
     def __init__(self, config: RegexConfig, bound_s: float) -> None:
         flags = regex.IGNORECASE if config.ignore_case else 0
         self._patterns = [(name, regex.compile(p, flags)) for name, p in config.patterns.items()]
+        self._any = _alternation(config.patterns.values(), flags)
+        """All the patterns in one, for a short text's first search; None for one pattern,
+        or when one of them cannot be a branch."""
         self._bound_s = bound_s
 
     def find(self, text: str) -> list[Finding]:
-        found = []
+        found: list[Finding] = []
         bound = self._bound_s
-        for name, pattern in self._patterns:
-            try:
+        try:
+            if (
+                self._any is not None
+                and len(text) < SHORT_TEXT
+                and self._any.search(text, timeout=bound, concurrent=False) is None
+            ):
+                return found
+            for name, pattern in self._patterns:
                 # Most texts hold no match: a search says so without an iterator's set-up.
                 if pattern.search(text, timeout=bound, concurrent=False) is None:
                     continue
                 for match in pattern.finditer(text, timeout=bound, concurrent=False):
                     if match.end() > match.start():
                         found.append(Finding(match.start(), match.end(), name))
-            except TimeoutError:
-                raise DetectorTimeout from None
+        except TimeoutError:
+            raise DetectorTimeout from None
         return _distinct(found)
 
 

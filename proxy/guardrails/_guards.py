@@ -226,9 +226,9 @@ class LocalStage:
     clean: Clean = field(default_factory=Clean)
     """Long texts in which nothing was found."""
     clean_messages: Clean = field(default_factory=Clean)
-    """Long chat messages in which nothing was found, by the fingerprint of their JSON as sent: a
-    conversation sends its earlier messages again with every turn, byte for byte, and these
-    are known without being decoded."""
+    """Chat messages in which nothing was found, by the fingerprint of their JSON as sent: most
+    keys send one system prompt with every request, and a conversation its earlier messages
+    with every turn, byte for byte; these are known without being decoded."""
 
     @classmethod
     def of(cls, guards: tuple[Guard, ...], stage: str) -> LocalStage | None:
@@ -250,11 +250,12 @@ class LocalStage:
         digests: list[Fingerprint] = []
         clean = self.clean_messages
         for message in messages:
-            if len(message) >= SEEN_FROM:
-                known = bytes_fingerprint(message)
-                if known in clean:
-                    continue
-                digests.append(known)
+            # Short ones too (a system prompt, "continue"): the fingerprint costs far less
+            # than a read by every guardrail.
+            known = bytes_fingerprint(message)
+            if known in clean:
+                continue
+            digests.append(known)
             texts = message_texts(message)
             if texts is None:
                 return False

@@ -116,6 +116,58 @@ def test_an_admin_pattern_that_backtracks_stops_at_its_bound() -> None:
         detector.find("a" * 60 + "b")
 
 
+def test_a_backtracking_pattern_among_others_stops_at_its_bound_in_a_short_text_too() -> None:
+    from proxy.guardrails._detect import DetectorTimeout
+
+    patterns = {"ticket": r"\bTICKET-\d{6}\b", "evil": r"^(a|aa)+$"}
+    detector = RegexDetector(RegexConfig(patterns=patterns), bound_s=0.01)
+    assert detector._any is not None  # the short text is searched for both at once
+    with pytest.raises(DetectorTimeout):
+        detector.find("a" * 60 + "b")
+
+
+_ADMIN_PATTERNS = {
+    "ticket": r"\bTICKET-\d{6}\b",
+    "bird": r"(?i)\bbluebird\b",
+    "deploy": r"^\s*deploy\b",
+    "end": r"(?m)end$",
+    "ahead": r"x{2,}(?=y)",
+    "behind": r"(?<![A-Z])AB",
+    "dots": r"(?s)a.b",
+    "atomic": r"(?>Bx+)y",
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet="TICKET-0123456789 bluBIRDdeploy\nendxyABa.", max_size=60),
+    st.booleans(),
+    st.sets(st.sampled_from(sorted(_ADMIN_PATTERNS)), min_size=2),
+)
+def test_a_short_text_searched_for_all_patterns_at_once_finds_what_each_would(
+    text: str, ignore_case: bool, names: set[str]
+) -> None:
+    config = RegexConfig(
+        patterns={n: _ADMIN_PATTERNS[n] for n in sorted(names)}, ignore_case=ignore_case
+    )
+    detector = RegexDetector(config, bound_s=1.0)
+    assert detector._any is not None
+    one_by_one = RegexDetector(config, bound_s=1.0)
+    one_by_one._any = None
+    assert detector.find(text) == one_by_one.find(text)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"(a)\1", r"(?P<x>a)(?P=x)", r"(a)\g<1>", r"(?x) a b", r"a(?i)b", r"(?a)\w+", r"(?V1)x"],
+)
+def test_a_pattern_that_could_mean_otherwise_in_an_alternation_is_searched_alone(
+    pattern: str,
+) -> None:
+    detector = RegexDetector(RegexConfig(patterns={"t": r"TICKET", "p": pattern}), bound_s=1.0)
+    assert detector._any is None
+
+
 def _chat_events(pieces: list[str]) -> bytes:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         body = {
@@ -339,7 +391,7 @@ def test_a_finding_runs_the_guardrails_in_turn_and_a_clean_text_seen_before_stil
     }
 
 
-def test_a_long_message_found_clean_is_known_by_its_json_and_only_its_fingerprint_is_kept(
+def test_a_message_found_clean_is_known_by_its_json_and_only_its_fingerprint_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from proxy import body as B
@@ -361,14 +413,15 @@ def test_a_long_message_found_clean_is_known_by_its_json_and_only_its_fingerprin
     def passes(request: bytes, verdicts: dict[str, str]) -> bool:
         return request_passes(guards, verdicts, B.chat_fields(request).messages)
 
+    hello = {"role": "user", "content": "hi"}
     for _ in range(2):
         verdicts: dict[str, str] = {}
-        assert passes(body(system, {"role": "user", "content": "hi"}), verdicts)
+        assert passes(body(system, hello), verdicts)
         assert verdicts == {f"request:{k}": "passed" for k in ("regex", "pii", "secrets")}
-    # The long system message was decoded once; the short one each time.
-    assert [json.loads(m)["role"] for m in read] == ["system", "user", "user"]
+    # Each message was decoded once, the second request's not at all.
+    assert [json.loads(m)["role"] for m in read] == ["system", "user"]
     clean = guards.request_local.clean_messages._digests
-    assert list(clean) == [bytes_fingerprint(json.dumps(system).encode())]
+    assert list(clean) == [bytes_fingerprint(json.dumps(m).encode()) for m in (system, hello)]
 
     # A finding in a new message: the stage does not pass, and screen_request redacts it
     # without asking the pattern guardrails as a whole again.
@@ -379,12 +432,12 @@ def test_a_long_message_found_clean_is_known_by_its_json_and_only_its_fingerprin
     assert out is not None
     assert json.loads(out)["messages"][1]["content"] == "[REDACTED:ticket] to [REDACTED:email]"
     assert verdicts["request:regex"] == verdicts["request:pii"] == "redacted"
-    assert len(clean) == 1
+    assert len(clean) == 2
 
     # The same text in other JSON (its keys in another order) is read as a new message.
     read.clear()
     assert passes(body({"content": system["content"], "role": "system"}), {})
-    assert len(read) == 1 and len(clean) == 2
+    assert len(read) == 1 and len(clean) == 3
 
     # A message this does not read (not an object) leaves the request to screen_request.
     assert not passes(body(system, "a bare string"), {})
