@@ -40,6 +40,7 @@ class Head:
     __slots__ = (
         "anthropic_beta",
         "anthropic_version",
+        "cache_control",
         "content_length",
         "content_type",
         "end_user",
@@ -63,6 +64,9 @@ class Head:
         self.anthropic_version: bytes | None = get(b"anthropic-version")
         self.content_type: bytes | None = get(b"content-type")
         """Read by the upload routes (multipart/form-data and its boundary)."""
+        self.cache_control: bytes | None = get(b"cache-control")
+        """Whether the client said anything to the response cache (every such header is
+        read when one is there)."""
         self.key = _bearer(key) if key is not None else None
         if self.key is None and api_key:
             self.key = api_key.decode("latin-1").strip() or None

@@ -473,7 +473,9 @@ class Gateway:
             extra: tuple[tuple[bytes, bytes], ...] = ()
             cached: CachedRequest | None = None
             if runtime.cache_scopes and refused is None and self._responses_cache is not None:
-                cached = await self._responses_cache.lookup(scope, runtime, route.path, prepared)
+                cached = await self._responses_cache.lookup(
+                    scope, head, runtime, route.path, prepared
+                )
                 if cached is not None and cached.hit is not None:
                     # A hit is counted by the key's request rate limits, never by its budgets
                     # (it costs nothing), and answered without a provider call.

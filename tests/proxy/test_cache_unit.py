@@ -232,3 +232,21 @@ def test_message_fields_read_apart_from_none_are_kept_both_ways() -> None:
         1,
         2,
     ]
+
+
+def test_an_entrys_key_is_the_sha256_of_its_parts_as_entries_already_stored_were_named() -> None:
+    import hashlib
+
+    doc = {"model": "gpt", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    parts = [b"org_1", b"ns", b"/v1/messages", b"claude"]
+    headers = {"anthropic-version": "2023-06-01"}
+    expected = hashlib.sha256(b"vkgate-cache-v1\x00")
+    for part in [*parts, json.dumps(headers, separators=(",", ":")).encode()]:
+        expected.update(part + b"\x00")
+    expected.update(
+        json.dumps(
+            {k: v for k, v in doc.items() if k != "stream"}, sort_keys=True, separators=(",", ":")
+        ).encode()
+    )
+    found = cache_key("org_1", b"ns", "/v1/messages", "claude", doc, headers)
+    assert found == expected.hexdigest().encode()
