@@ -271,7 +271,7 @@ SHORT_TEXT = 256
 guardrail's patterns at once: each search has a fixed cost, which on a busy server's cold
 caches is most of a short text's. A longer text is searched pattern by pattern, where each
 keeps the literal scan an alternation would lose."""
-_NOT_A_BRANCH = re.compile(r"\\(?:[1-9]|[gkP])|\(\?(?![:=!>]|<[=!]|[ims]+:)")
+_NOT_A_BRANCH = re.compile(r"\\(?:[1-9]|[gk])|\(\?(?![:=!>]|<[=!]|[ims]+:)")
 """What may change its meaning as one branch of an alternation (conservatively, escaped or
 not): a reference to a group by number or name, a named group, and any `(?` but a plain,
 scoped-flag, lookaround or atomic group; a pattern's leading global flags are scoped apart."""

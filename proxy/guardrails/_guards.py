@@ -84,7 +84,9 @@ SEEN_SIZE = 1024
 """Texts a pattern guardrail remembers its findings for (a fingerprint and a few positions
 each)."""
 SEEN_FROM = 256
-"""Shorter texts are scanned again: remembering them would cost about as much."""
+"""Shorter texts are read again: most are said once (an answer, a new question), and
+remembering each would push out the long ones that come again. (A chat request's messages
+are all remembered, by their JSON: `LocalStage.clean_messages`.)"""
 
 
 class Seen:
