@@ -15,6 +15,7 @@ from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -45,6 +46,7 @@ from vkgate.logs import event
 from vkgate.wire import ChainTarget, GuardrailSpec
 
 log = logging.getLogger("vkgate.proxy")
+V = TypeVar("V")
 REQUEST = "request"
 RESPONSE = "response"
 PASSED, BLOCKED, REDACTED, WARNED, SKIPPED = "passed", "blocked", "redacted", "warned", "skipped"
@@ -89,26 +91,31 @@ remembering each would push out the long ones that come again. (A chat request's
 are all remembered, by their JSON: `LocalStage.clean_messages`.)"""
 
 
-class Seen:
-    """A pattern guardrail's findings by the fingerprint of the text they were found in.
-
-    A conversation sends its system prompt and every earlier message again with each turn, and
-    most keys send one system prompt with every request: the text is the same, so what a
-    detector finds in it is too. Only a fingerprint of the text is kept, never the text."""
+class Memory(Generic[V]):
+    """What a guardrail or a stage learnt of the texts it read lately, by their fingerprints:
+    never the texts. A conversation sends its system prompt and every earlier message again with
+    each turn, and most keys send one system prompt with every request: the text is the same,
+    so what a detector finds in it is too. The least recently used go first, past SEEN_SIZE."""
 
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[Fingerprint, tuple[Finding, ...]] = OrderedDict()
+        self._entries: OrderedDict[Fingerprint, V] = OrderedDict()
 
-    def get(self, digest: Fingerprint) -> tuple[Finding, ...] | None:
-        found = self._entries.get(digest)
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list[Fingerprint]:
+        return list(self._entries)
+
+    def get(self, key: Fingerprint) -> V | None:
+        found = self._entries.get(key)
         if found is not None:
-            self._entries.move_to_end(digest)
+            self._entries.move_to_end(key)
         return found
 
-    def put(self, digest: Fingerprint, found: list[Finding]) -> None:
-        self._entries[digest] = tuple(found)
+    def put(self, key: Fingerprint, value: V) -> None:
+        self._entries[key] = value
         if len(self._entries) > SEEN_SIZE:
             self._entries.popitem(last=False)
 
@@ -129,7 +136,7 @@ class Guard:
     secret: str | None = None
     moderation: ModerationConfig | None = None
     target: ChainTarget | None = None
-    seen: Seen = field(default_factory=lambda: Seen())
+    seen: Memory[tuple[Finding, ...]] = field(default_factory=Memory)
     """What the detector found in texts it read lately."""
 
     @property
@@ -193,26 +200,6 @@ def _compile(spec: GuardrailSpec) -> Guard | None:
     return Guard(**common, moderation=config, target=spec.target)  # type: ignore[arg-type]
 
 
-class Clean:
-    """Fingerprints of long texts in which none of a stage's pattern guardrails found anything."""
-
-    __slots__ = ("_digests",)
-
-    def __init__(self) -> None:
-        self._digests: OrderedDict[Fingerprint, None] = OrderedDict()
-
-    def __contains__(self, digest: Fingerprint) -> bool:
-        if digest in self._digests:
-            self._digests.move_to_end(digest)
-            return True
-        return False
-
-    def add(self, digest: Fingerprint) -> None:
-        self._digests[digest] = None
-        if len(self._digests) > SEEN_SIZE:
-            self._digests.popitem(last=False)
-
-
 @dataclass(frozen=True, slots=True)
 class LocalStage:
     """A stage whose guardrails all match patterns in this process (pii, secrets, regex).
@@ -225,9 +212,9 @@ class LocalStage:
     guards: tuple[Guard, ...]
     passed: dict[str, str]
     """`<stage>:<name>` → `passed` for each guardrail: the verdicts when nothing is found."""
-    clean: Clean = field(default_factory=Clean)
-    """Long texts in which nothing was found."""
-    clean_messages: Clean = field(default_factory=Clean)
+    clean: Memory[bool] = field(default_factory=Memory)
+    """Long texts in which none of the stage's guardrails found anything."""
+    clean_messages: Memory[bool] = field(default_factory=Memory)
     """Chat messages in which nothing was found, by the fingerprint of their JSON as sent: most
     keys send one system prompt with every request, and a conversation its earlier messages
     with every turn, byte for byte; these are known without being decoded."""
@@ -255,7 +242,7 @@ class LocalStage:
             # Short ones too (a system prompt, "continue"): the fingerprint costs far less
             # than a read by every guardrail.
             known = bytes_fingerprint(message)
-            if known in clean:
+            if clean.get(known):
                 continue
             digests.append(known)
             texts = message_texts(message)
@@ -265,7 +252,7 @@ class LocalStage:
         if unread and not self._finds_nothing(unread):
             return False
         for known in digests:
-            clean.add(known)
+            clean.put(known, True)
         verdicts.update(self.passed)
         return True
 
@@ -278,17 +265,19 @@ class LocalStage:
         for text in texts:
             if len(text) >= SEEN_FROM:
                 known = text_fingerprint(text)
-                if known in clean:
+                if clean.get(known):
                     continue
                 digests.append(known)
             unread.append(text)
         if unread and not self._finds_nothing(unread):
             return False
         for known in digests:
-            clean.add(known)
+            clean.put(known, True)
         return True
 
     def _finds_nothing(self, texts: list[str]) -> bool:
+        """Every detector once over `texts` (joined where it may be): True when none finds
+        anything and none ran out of time; one call on the hot path where each costs."""
         joined = texts[0] if len(texts) == 1 else SEPARATOR.join(texts)
         try:
             for guard in self.guards:
@@ -360,7 +349,7 @@ across it (`.` stops at a line end, no entity holds a NUL)."""
 
 
 def digests_of(texts: list[str]) -> list[Fingerprint | None]:
-    """Each long text's fingerprint for `Seen`, made once for every guardrail that reads it."""
+    """Each long text's fingerprint for `Guard.seen`, made once for every guardrail that reads it."""
     return [text_fingerprint(text) if len(text) >= SEEN_FROM else None for text in texts]
 
 
@@ -374,7 +363,7 @@ def local_findings(
     """What a pattern guardrail found in each text, or None when it could not run (a block
     raises); an outcome is noted unless something was found (the caller decides).
 
-    A text it read lately is not read again (`Seen`). The others are scanned joined, in one
+    A text it read lately is not read again (`Guard.seen`). The others are scanned joined, in one
     call: each call has a fixed cost (a pattern's set-up, a translation), which a conversation
     of many short messages would pay once a message."""
     detector = guard.detector
@@ -408,7 +397,7 @@ def local_findings(
         per_text[i] = findings
         digest = digests[i]
         if digest is not None:
-            guard.seen.put(digest, findings)
+            guard.seen.put(digest, tuple(findings))
     return per_text
 
 

@@ -289,7 +289,7 @@ def test_a_long_text_read_lately_is_not_read_again_and_only_its_fingerprint_is_k
     assert second[0][0].start == system.index("ops@")
     # The second time only the new message was read.
     assert detector.texts[-1] == "another short one"
-    assert list(guard.seen._entries) == [text_fingerprint(system)]
+    assert guard.seen.keys() == [text_fingerprint(system)]
 
 
 def test_an_anchored_admin_pattern_is_matched_in_every_message_not_only_the_first() -> None:
@@ -357,7 +357,7 @@ def test_texts_with_nothing_found_pass_every_guardrail_and_keep_only_a_fingerpri
             "request:secrets": "passed",
         }
     # The long system prompt; "hi" is read each time.
-    assert list(guards.request_local.clean._digests) == [text_fingerprint(system)]
+    assert guards.request_local.clean.keys() == [text_fingerprint(system)]
 
 
 def test_a_finding_runs_the_guardrails_in_turn_and_a_clean_text_seen_before_still_counts() -> None:
@@ -420,8 +420,8 @@ def test_a_message_found_clean_is_known_by_its_json_and_only_its_fingerprint_is_
         assert verdicts == {f"request:{k}": "passed" for k in ("regex", "pii", "secrets")}
     # Each message was decoded once, the second request's not at all.
     assert [json.loads(m)["role"] for m in read] == ["system", "user"]
-    clean = guards.request_local.clean_messages._digests
-    assert list(clean) == [bytes_fingerprint(json.dumps(m).encode()) for m in (system, hello)]
+    clean = guards.request_local.clean_messages
+    assert clean.keys() == [bytes_fingerprint(json.dumps(m).encode()) for m in (system, hello)]
 
     # A finding in a new message: the stage does not pass, and screen_request redacts it
     # without asking the pattern guardrails as a whole again.
